@@ -1,0 +1,23 @@
+"""tfdp: differentially private training of image classifiers in TensorFlow 2 / Keras 3.
+
+Submodules are imported lazily so that, e.g., `python -m tfdp.privacy` does not
+pay TensorFlow's import time.
+"""
+
+import importlib
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "dp": "tfdp.dp",
+    "privacy": "tfdp.privacy",
+    "models": "tfdp.models",
+    "data": "tfdp.data",
+    "optim": "tfdp.optim",
+}
+
+
+def __getattr__(name):
+  if name in _LAZY:
+    return importlib.import_module(_LAZY[name])
+  raise AttributeError(f"module 'tfdp' has no attribute {name!r}")
