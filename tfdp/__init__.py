@@ -9,15 +9,15 @@ import importlib
 __version__ = "0.1.0"
 
 _LAZY = {
-    "dp": "tfdp.dp",
-    "privacy": "tfdp.privacy",
-    "models": "tfdp.models",
-    "data": "tfdp.data",
-    "optim": "tfdp.optim",
+      "dp": "tfdp.dp",
+      "privacy": "tfdp.privacy",
+      "models": "tfdp.models",
+      "data": "tfdp.data",
+      "optim": "tfdp.optim",
 }
 
 
 def __getattr__(name):
-  if name in _LAZY:
-    return importlib.import_module(_LAZY[name])
-  raise AttributeError(f"module 'tfdp' has no attribute {name!r}")
+    if name in _LAZY:
+        return importlib.import_module(_LAZY[name])
+    raise AttributeError(f"module 'tfdp' has no attribute {name!r}")
