@@ -1,0 +1,7 @@
+"""The DP engine: per-example clipping, ghost norms, noise and accumulation."""
+
+from tfdp.dp.clipping import METHODS
+from tfdp.dp.clipping import clip_coefficients
+from tfdp.dp.clipping import clipped_grad_sum
+from tfdp.dp.clipping import default_weight_decay_variables
+from tfdp.dp.clipping import resolve_method

@@ -1,0 +1,325 @@
+"""`clipped_grad_sum`: the sum over a batch of per-example clipped gradients.
+
+Five methods give the same result to float tolerance:
+- "naive": a Python loop over examples; the reference.
+- "vectorized": `tf.vectorized_map` over the whole model, with conv kernel
+  gradients computed by unfolding so that pfor needs no while_loop.
+- "ghost": per-layer ghost norms (Gram matrices) for every conv/dense/
+  embedding layer, then a second backward pass on Σ_i c_i·L_i.
+- "mixed": ghost norm or per-example instantiation per layer by the rule
+  2·T² < p·D (Bu et al. 2022), then the second backward pass.
+- "bk": book-keeping. Norms as in "mixed"; the clipped sum is formed from the
+  stored layer inputs and output gradients, with no second backward pass.
+"""
+
+import logging
+
+import keras
+import tensorflow as tf
+
+from tfdp.dp import layer_grads
+from tfdp.dp import layer_taps
+from tfdp.dp.layer_taps import KIND_CONV2D, KIND_DENSE, KIND_EMBEDDING
+
+METHODS = ("naive", "vectorized", "ghost", "mixed", "bk", "auto")
+TAPPED_METHODS = ("ghost", "mixed", "bk")
+
+
+def default_weight_decay_variables(model):
+    """Conv and dense kernels: the variables the paper decays."""
+    found = []
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        if isinstance(layer, (keras.layers.Conv2D, keras.layers.Dense)):
+            kernel = getattr(layer, "kernel", None)
+            if kernel is not None and kernel.trainable and layer.trainable:
+                found.append(kernel)
+    return found
+
+
+def clip_coefficients(norms, l2_norm_clip, mask):
+    """min(1, C/‖g_i‖), zero for padding and for non-finite gradients.
+
+    An example whose gradient is NaN/Inf contributes nothing: dropping one
+    example's contribution keeps the sensitivity bound.
+    """
+    norms = tf.convert_to_tensor(norms)
+    clip = tf.cast(l2_norm_clip, norms.dtype)
+    coeffs = clip / tf.maximum(norms, clip)
+    coeffs = tf.where(tf.math.is_finite(norms), coeffs, tf.zeros_like(coeffs))
+    return coeffs * mask
+
+
+def uncovered_variables(model):
+    """Trainable variables that no tapped layer owns (e.g. a composite layer's)."""
+    covered = set()
+    for layer in layer_taps.tapped_layers(model):
+        covered.update(id(v) for v in layer_taps.own_trainable_variables(layer))
+    return [v for v in model.trainable_variables if id(v) not in covered]
+
+
+def resolve_method(model, method):
+    """Validates `method` and maps "auto" to the fastest that applies."""
+    if method not in METHODS:
+        raise ValueError(
+            f"Unknown clipping method. Expected one of {METHODS}. "
+            f"Received: method={method!r}"
+        )
+    layer_taps.tapped_layers(model)  # Raises on BatchNormalization.
+    if method == "auto":
+        if uncovered_variables(model):
+            logging.warning(
+                "tfdp: some trainable variables are not owned by a leaf layer; "
+                "using method='vectorized' instead of book-keeping."
+            )
+            return "vectorized"
+        return "bk"
+    return method
+
+
+def clipped_grad_sum(
+    model,
+    per_example_loss_fn,
+    x,
+    y,
+    *,
+    l2_norm_clip,
+    method="auto",
+    sample_weight=None,
+    weight_decay=0.0,
+    weight_decay_variables=None,
+    training=True,
+):
+    """Sum over the batch of per-example gradients clipped to `l2_norm_clip`.
+
+    Example i's loss is `sample_weight[i] * per_example_loss_fn(y, model(x))[i]`
+    plus, for non-padding examples, `0.5 * weight_decay * Σ‖w‖²` over
+    `weight_decay_variables` (so weight decay is clipped with the gradient, as
+    in Kurakin et al. 2022). An example with weight 0 is padding: it
+    contributes nothing and its norm is reported as 0.
+
+    Args:
+        model: keras.Model. Its `trainable_variables` are differentiated.
+        per_example_loss_fn: callable. `(y_true, y_pred) -> [B]` losses.
+        x: tensor. Inputs, batch first.
+        y: tensor. Targets, batch first.
+        l2_norm_clip: float. The clipping bound C > 0.
+        method: str. One of "naive", "vectorized", "ghost", "mixed", "bk",
+            "auto". Defaults to "auto" (book-keeping where it applies).
+        sample_weight: optional tensor [B]. Scales each example's loss before
+            clipping. Defaults to ones.
+        weight_decay: float. Coefficient of the in-loss L2 term. Defaults to 0.
+        weight_decay_variables: optional list of variables to decay.
+            Defaults to the conv and dense kernels.
+        training: bool. Passed to the model call. Defaults to True.
+
+    Returns:
+        (grads, norms): `grads` aligned with `model.trainable_variables`;
+        `norms` the per-example unclipped gradient norms, shape [B].
+    """
+    if not l2_norm_clip > 0:
+        raise ValueError(
+            f"l2_norm_clip must be > 0. Received: l2_norm_clip={l2_norm_clip}"
+        )
+    method = resolve_method(model, method)
+    x = tf.convert_to_tensor(x)
+    batch = tf.shape(x)[0]
+    if sample_weight is None:
+        sample_weight = tf.ones([batch], tf.float32)
+    sample_weight = tf.cast(tf.reshape(sample_weight, [-1]), tf.float32)
+    if weight_decay and weight_decay_variables is None:
+        weight_decay_variables = default_weight_decay_variables(model)
+    decay = _WeightDecay(weight_decay, weight_decay_variables or [])
+    args = (model, per_example_loss_fn, x, y, sample_weight, l2_norm_clip, decay, training)
+    if method == "naive":
+        return _naive(*args)
+    if method == "vectorized":
+        return _vectorized(*args)
+    return _tapped(*args, method=method)
+
+
+class _WeightDecay:
+    def __init__(self, coefficient, variables):
+        self.coefficient = float(coefficient)
+        self.ids = {id(v) for v in variables} if self.coefficient else set()
+        self.variables = list(variables) if self.coefficient else []
+
+    def applies(self, variable):
+        return id(variable) in self.ids
+
+    def penalty(self):
+        if not self.variables:
+            return 0.0
+        return 0.5 * self.coefficient * tf.add_n(
+            [tf.reduce_sum(tf.square(v)) for v in self.variables]
+        )
+
+
+def _per_example_losses(model, loss_fn, x, y, weights, training):
+    predictions = model(x, training=training)
+    losses = tf.reshape(loss_fn(y, predictions), [-1])
+    return tf.cast(losses, tf.float32) * weights
+
+
+def _naive(model, loss_fn, x, y, weights, clip, decay, training):
+    variables = model.trainable_variables
+    sums = [tf.zeros_like(v) for v in variables]
+    norms = []
+    mask = tf.cast(weights > 0, tf.float32)
+    for i in range(int(x.shape[0])):
+        with tf.GradientTape() as tape:
+            loss = _per_example_losses(
+                model, loss_fn, x[i : i + 1], y[i : i + 1], weights[i : i + 1], training
+            )[0]
+            loss = loss + mask[i] * decay.penalty()
+        grads = tape.gradient(
+            loss, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO
+        )
+        norm = tf.linalg.global_norm(grads)
+        coeff = clip_coefficients(norm[None], clip, mask[i : i + 1])[0]
+        sums = [s + tf.math.multiply_no_nan(g, coeff) for s, g in zip(sums, grads)]
+        norms.append(norm)
+    return sums, tf.stack(norms)
+
+
+def _vectorized(model, loss_fn, x, y, weights, clip, decay, training):
+    layer_taps.install_taps(model)
+    variables = model.trainable_variables
+    mask = tf.cast(weights > 0, tf.float32)
+
+    def one_example(args):
+        x_i, y_i, w_i, m_i = args
+        with layer_taps.recording("vectorized"), tf.GradientTape() as tape:
+            loss = _per_example_losses(
+                model, loss_fn, x_i[None], y_i[None], w_i[None], training
+            )[0]
+            loss = loss + m_i * decay.penalty()
+        return tape.gradient(
+            loss, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO
+        )
+
+    per_example = tf.vectorized_map(one_example, (x, y, weights, mask))
+    sq = tf.add_n(
+        [tf.reduce_sum(tf.reshape(tf.square(g), [tf.shape(g)[0], -1]), 1) for g in per_example]
+    )
+    norms = tf.sqrt(sq)
+    coeffs = clip_coefficients(norms, clip, mask)
+    grads = [_weighted_sum(coeffs, g) for g in per_example]
+    return grads, norms
+
+
+def _weighted_sum(coeffs, per_example):
+    shape = tf.concat([[-1], tf.ones([tf.rank(per_example) - 1], tf.int32)], 0)
+    return tf.reduce_sum(
+        tf.math.multiply_no_nan(per_example, tf.reshape(coeffs, shape)), 0
+    )
+
+
+def _group_records(records):
+    groups = {}
+    order = []
+    for record in records:
+        key = id(record.layer)
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        groups[key].append(record)
+    return [groups[k] for k in order]
+
+
+def _tapped(model, loss_fn, x, y, weights, clip, decay, training, *, method):
+    uncovered = uncovered_variables(model)
+    if uncovered:
+        raise ValueError(
+            f"method={method!r} needs every trainable variable to be owned by "
+            "a leaf layer that uses it in its own call. Not covered: "
+            f"{[v.path for v in uncovered]}. Use method='vectorized'. "
+            f"Received: method={method!r}"
+        )
+    layer_taps.install_taps(model)
+    variables = model.trainable_variables
+    mask = tf.cast(weights > 0, tf.float32)
+    with tf.GradientTape(persistent=method != "bk") as tape:
+        with layer_taps.recording() as recorder:
+            losses = _per_example_losses(model, loss_fn, x, y, weights, training)
+        total = tf.reduce_sum(losses)
+    records = recorder.records
+    output_grads = tape.gradient(
+        total,
+        [r.outputs for r in records],
+        unconnected_gradients=tf.UnconnectedGradients.ZERO,
+    )
+    grad_of = {id(r): g for r, g in zip(records, output_grads)}
+
+    wd_per_example = decay.coefficient * mask
+    sq_norms = tf.zeros_like(weights)
+    clipped_sum_fns = []  # Deferred: the coefficients are known only after all norms.
+    for group in _group_records(records):
+        layer = group[0].layer
+        grads = [grad_of[id(r)] for r in group]
+        kind = layer._tfdp_kind
+        if kind in (KIND_CONV2D, KIND_DENSE):
+            factors = layer_grads.LinearFactors(layer, group, grads)
+            t, p, d = layer_grads.linear_dims(layer, group)
+            mode = layer_grads.linear_norm_mode(kind, t, p, d, method)
+            sq = factors.kernel_sq_norms(mode)
+            if decay.applies(layer.kernel):
+                sq += 2.0 * wd_per_example * factors.kernel_dot_weights()
+                sq += tf.square(wd_per_example) * tf.reduce_sum(tf.square(layer.kernel))
+            sq_norms += sq
+            if layer_grads._has_bias(layer):
+                sq_norms += factors.bias_sq_norms()
+            clipped_sum_fns.append(_linear_sums(layer, factors, decay))
+        elif kind == KIND_EMBEDDING:
+            factors = layer_grads.EmbeddingFactors(layer, group, grads)
+            sq_norms += factors.sq_norms()
+            clipped_sum_fns.append(
+                lambda c, f=factors, v=layer.embeddings: {id(v): f.clipped_sum(c)}
+            )
+        else:
+            own = layer_taps.own_trainable_variables(layer)
+            per_example = layer_grads.generic_per_example_grads(layer, group, grads, own)
+            per_example = [
+                g + tf.reshape(wd_per_example, [-1] + [1] * len(v.shape)) * v
+                if decay.applies(v) else g
+                for g, v in zip(per_example, own)
+            ]
+            for g in per_example:
+                sq_norms += tf.reduce_sum(tf.reshape(tf.square(g), [tf.shape(g)[0], -1]), 1)
+            clipped_sum_fns.append(
+                lambda c, pe=per_example, vs=own: {
+                    id(v): _weighted_sum(c, g) for v, g in zip(vs, pe)
+                }
+            )
+
+    norms = tf.sqrt(sq_norms)
+    coeffs = clip_coefficients(norms, clip, mask)
+    if method == "bk":
+        by_variable = {}
+        for fn in clipped_sum_fns:
+            by_variable.update(fn(coeffs))
+        result = [by_variable.get(id(v), tf.zeros_like(v)) for v in variables]
+    else:
+        result = tape.gradient(
+            losses, variables, output_gradients=coeffs,
+            unconnected_gradients=tf.UnconnectedGradients.ZERO,
+        )
+        total_coeff = tf.reduce_sum(coeffs)
+        result = [
+            g + decay.coefficient * total_coeff * v if decay.applies(v) else g
+            for g, v in zip(result, variables)
+        ]
+    del tape
+    return result, norms
+
+
+def _linear_sums(layer, factors, decay):
+    def sums(coeffs):
+        kernel = factors.kernel_clipped_sum(coeffs)
+        if decay.applies(layer.kernel):
+            kernel += decay.coefficient * tf.reduce_sum(coeffs) * layer.kernel
+        out = {id(layer.kernel): kernel}
+        if layer_grads._has_bias(layer):
+            out[id(layer.bias)] = factors.bias_clipped_sum(coeffs)
+        return out
+
+    return sums

@@ -1,0 +1,167 @@
+"""Per-layer squared per-example gradient norms and clipped sums.
+
+For a linear layer (Conv2D unfolded, or Dense) with unfolded input U_i (T×D)
+and output gradient G_i (T×p), the per-example kernel gradient is U_iᵀ G_i.
+Its squared norm is either computed from it ("instantiate", O(D·p) memory per
+example) or from Gram matrices ("ghost", O(T²)): Σ (U_i U_iᵀ) ⊙ (G_i G_iᵀ).
+A shared layer called several times is handled by concatenating its calls
+along T, since the per-example gradient is then Σ_calls U_iᵀ G_i.
+
+In-loss weight decay `0.5·wd·‖W‖²` adds wd·W to every (non-padding)
+example's kernel gradient, so its squared norm grows by
+2·wd·⟨U_iᵀ G_i, W⟩ + wd²‖W‖², where ⟨U_iᵀ G_i, W⟩ = Σ_t ⟨U_i W, G_i⟩_t,
+i.e. the pre-bias output dotted with the output gradient.
+"""
+
+import tensorflow as tf
+
+from tfdp.dp import layer_taps
+from tfdp.dp.layer_taps import KIND_CONV2D, KIND_DENSE, KIND_EMBEDDING
+
+GHOST = "ghost"
+INSTANTIATE = "instantiate"
+
+
+def _flatten_bt(x):
+    """[B, ..., C] -> [B, T, C]."""
+    shape = tf.shape(x)
+    return tf.reshape(x, tf.stack([shape[0], -1, shape[-1]]))
+
+
+def unfold_inputs(layer, inputs):
+    """Unfolded input U as [B, T, D] for a conv or dense layer."""
+    if layer._tfdp_kind == KIND_CONV2D:
+        kh, kw = layer.kernel_size
+        strides, dilations, padding = layer_taps.conv_geometry(layer)
+        patches = tf.image.extract_patches(
+            inputs, [1, kh, kw, 1], strides, dilations, padding
+        )
+        return _flatten_bt(patches)
+    return _flatten_bt(inputs)
+
+
+def _has_bias(layer):
+    if layer._tfdp_kind == KIND_CONV2D:
+        return layer.use_bias
+    return layer.bias is not None
+
+
+class LinearFactors:
+    """U, G (and the pre-bias output) of all calls of a conv/dense layer."""
+
+    def __init__(self, layer, records, output_grads):
+        self.layer = layer
+        bias = layer.bias if _has_bias(layer) else None
+        us, gs, zs = [], [], []
+        for record, grad in zip(records, output_grads):
+            us.append(unfold_inputs(layer, record.inputs))
+            g = _flatten_bt(grad)
+            gs.append(g)
+            z = _flatten_bt(record.outputs)
+            zs.append(z if bias is None else z - bias)
+        self.u = us[0] if len(us) == 1 else tf.concat(us, axis=1)
+        self.g = gs[0] if len(gs) == 1 else tf.concat(gs, axis=1)
+        self.z = zs[0] if len(zs) == 1 else tf.concat(zs, axis=1)
+
+    def kernel_sq_norms(self, mode):
+        u, g = self.u, self.g
+        if u.shape[1] == 1:
+            return tf.reduce_sum(tf.square(u), [1, 2]) * tf.reduce_sum(tf.square(g), [1, 2])
+        if mode == GHOST:
+            uu = tf.einsum("btd,bsd->bts", u, u)
+            gg = tf.einsum("btp,bsp->bts", g, g)
+            return tf.reduce_sum(uu * gg, [1, 2])
+        per_example = tf.einsum("btd,btp->bdp", u, g)
+        return tf.reduce_sum(tf.square(per_example), [1, 2])
+
+    def kernel_dot_weights(self):
+        """⟨per-example kernel gradient, W⟩ for each example."""
+        return tf.reduce_sum(self.z * self.g, [1, 2])
+
+    def bias_sq_norms(self):
+        return tf.reduce_sum(tf.square(tf.reduce_sum(self.g, 1)), 1)
+
+    def kernel_clipped_sum(self, coeffs):
+        summed = tf.einsum("btd,btp->dp", self.u, self.g * coeffs[:, None, None])
+        return tf.reshape(summed, self.layer.kernel.shape)
+
+    def bias_clipped_sum(self, coeffs):
+        return tf.einsum("btp,b->p", self.g, coeffs)
+
+
+class EmbeddingFactors:
+    """Token ids and output gradients of all calls of an Embedding layer."""
+
+    def __init__(self, layer, records, output_grads):
+        self.layer = layer
+        ids = [tf.reshape(tf.cast(r.inputs, tf.int32), [tf.shape(r.inputs)[0], -1]) for r in records]
+        gs = [_flatten_bt(g) for g in output_grads]
+        self.ids = ids[0] if len(ids) == 1 else tf.concat(ids, 1)
+        self.g = gs[0] if len(gs) == 1 else tf.concat(gs, 1)
+
+    def sq_norms(self):
+        same = tf.cast(tf.equal(self.ids[:, :, None], self.ids[:, None, :]), self.g.dtype)
+        gg = tf.einsum("btd,bsd->bts", self.g, self.g)
+        return tf.reduce_sum(same * gg, [1, 2])
+
+    def clipped_sum(self, coeffs):
+        weighted = self.g * coeffs[:, None, None]
+        dim = tf.shape(self.g)[-1]
+        return tf.math.unsorted_segment_sum(
+            tf.reshape(weighted, [-1, dim]),
+            tf.reshape(self.ids, [-1]),
+            self.layer.embeddings.shape[0],
+        )
+
+
+def generic_per_example_grads(layer, records, output_grads, variables):
+    """Per-example gradients of a layer's own variables, by vectorized VJPs.
+
+    Used for normalisation layers (whose parameters are small) and for any
+    layer kind without a dedicated rule. Exact for any layer whose output for
+    an example depends only on that example's input.
+    """
+    total = None
+    for record, grad in zip(records, output_grads):
+
+        def one_example(args, record=record):
+            x_i, g_i = args
+            x1 = tf.nest.map_structure(lambda t: t[None], x_i)
+            g1 = tf.nest.map_structure(lambda t: t[None], g_i)
+            with layer_taps.suspended(), tf.GradientTape() as tape:
+                out = record.call_fn(x1)
+            return tape.gradient(
+                out, variables, output_gradients=g1,
+                unconnected_gradients=tf.UnconnectedGradients.ZERO,
+            )
+
+        grads = tf.vectorized_map(one_example, (record.inputs, grad))
+        total = grads if total is None else [a + b for a, b in zip(total, grads)]
+    return total
+
+
+def linear_norm_mode(kind, t, p, d, method):
+    """The layer-wise rule of Bu et al. (2022): ghost where 2T² < p·D."""
+    if kind == KIND_EMBEDDING:
+        return GHOST
+    if kind not in (KIND_CONV2D, KIND_DENSE):
+        return INSTANTIATE
+    if method == "ghost" or t == 1:
+        return GHOST
+    return GHOST if 2 * t * t < p * d else INSTANTIATE
+
+
+def linear_dims(layer, records):
+    """(T, p, D) of a conv/dense layer from its recorded calls (static)."""
+    t = 0
+    for record in records:
+        shape = record.outputs.shape
+        n = 1
+        for s in shape[1:-1]:
+            n *= int(s)
+        t += n
+    kernel = layer.kernel.shape
+    d = 1
+    for s in kernel[:-1]:
+        d *= int(s)
+    return t, int(kernel[-1]), d
