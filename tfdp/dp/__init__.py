@@ -5,3 +5,9 @@ from tfdp.dp.clipping import clip_coefficients
 from tfdp.dp.clipping import clipped_grad_sum
 from tfdp.dp.clipping import default_weight_decay_variables
 from tfdp.dp.clipping import resolve_method
+from tfdp.dp.layerwise_plan import DPPlan
+from tfdp.dp.layerwise_plan import plan
+from tfdp.dp.noise import add_noise
+from tfdp.dp.noise import step_seed
+from tfdp.dp.private_step import NonPrivateTrainStep
+from tfdp.dp.private_step import PrivateTrainStep

@@ -1,0 +1,145 @@
+"""Tests for tfdp.privacy.calibration (no TensorFlow)."""
+
+import dp_accounting
+from absl.testing import absltest
+from absl.testing import parameterized
+from dp_accounting import rdp as dp_rdp
+
+from tfdp import privacy
+
+
+class CalibrateNoiseTest(parameterized.TestCase):
+    @parameterized.parameters(
+        (1.0, 1e-5, 1000, 0.01, "rdp", "poisson"),
+        (8.0, 1e-6, 2000, 0.05, "rdp", "poisson"),
+        (3.0, 1e-5, 100, 0.01, "rdp", "shuffle"),
+        (2.0, 1e-5, 30, 0.02, "pld", "poisson"),
+    )
+    def test_round_trip(self, target, delta, steps, q, accountant, sampling):
+        tolerance = 1e-3
+        kw = dict(
+            steps=steps,
+            dataset_size=200_000,
+            batch_size=int(q * 200_000),
+            accountant=accountant,
+            sampling=sampling,
+        )
+        sigma = privacy.calibrate_noise(target, delta, tolerance=tolerance, **kw)
+        eps = lambda s: privacy.epsilon(
+            s,
+            steps,
+            delta,
+            dataset_size=kw["dataset_size"],
+            batch_size=kw["batch_size"],
+            accountant=accountant,
+            sampling=sampling,
+        )
+        self.assertLessEqual(eps(sigma), target)
+        # Smallest up to the relative tolerance.
+        self.assertGreater(eps(sigma * (1 - tolerance)), target)
+        self.assertGreater(eps(sigma), 0.9 * target)
+
+    def test_agrees_with_dp_accounting_calibration(self):
+        steps, q, delta, target = 500, 0.02, 1e-5, 2.0
+        ours = privacy.calibrate_noise(
+            target, delta, steps=steps, sampling_rate=q, tolerance=1e-4
+        )
+
+        def make_event(sigma):
+            return dp_accounting.SelfComposedDpEvent(
+                dp_accounting.PoissonSampledDpEvent(
+                    q, dp_accounting.GaussianDpEvent(sigma)
+                ),
+                steps,
+            )
+
+        theirs = dp_accounting.calibrate_dp_mechanism(
+            dp_rdp.RdpAccountant,
+            make_event,
+            target,
+            delta,
+            dp_accounting.LowerEndpointAndGuess(0.1, 1.0),
+            tol=1e-6,
+        )
+        self.assertAlmostEqual(ours, theirs, delta=2e-4 * theirs)
+
+    def test_shuffle_needs_more_noise_than_poisson(self):
+        kw = dict(steps=200, dataset_size=10_000, batch_size=100)
+        poisson = privacy.calibrate_noise(4.0, 1e-5, **kw)
+        shuffle = privacy.calibrate_noise(4.0, 1e-5, sampling="shuffle", **kw)
+        self.assertGreater(shuffle, poisson)
+
+    def test_larger_target_less_noise(self):
+        sigmas = [
+            privacy.calibrate_noise(t, 1e-5, steps=1000, sampling_rate=0.01)
+            for t in (0.5, 1.0, 4.0, 16.0)
+        ]
+        self.assertEqual(sigmas, sorted(sigmas, reverse=True))
+
+    def test_zero_steps(self):
+        self.assertEqual(
+            privacy.calibrate_noise(1.0, 1e-5, steps=0, sampling_rate=0.1), 0.0
+        )
+
+    @parameterized.parameters(1e-4, 1e-3)
+    def test_unreachable_target(self, target):
+        with self.assertRaisesRegex(ValueError, "unreachable"):
+            privacy.calibrate_noise(target, 1e-5, steps=100, sampling_rate=0.1)
+
+    @parameterized.parameters(0.0, -1.0, float("nan"))
+    def test_nonpositive_target(self, target):
+        with self.assertRaisesRegex(ValueError, "target_epsilon"):
+            privacy.calibrate_noise(target, 1e-5, steps=100, sampling_rate=0.1)
+
+    @parameterized.parameters(0.0, 1.0, -0.1)
+    def test_bad_tolerance(self, tolerance):
+        with self.assertRaisesRegex(ValueError, "tolerance"):
+            privacy.calibrate_noise(
+                1.0, 1e-5, steps=100, sampling_rate=0.1, tolerance=tolerance
+            )
+
+    def test_bad_inputs(self):
+        with self.assertRaisesRegex(ValueError, "delta"):
+            privacy.calibrate_noise(1.0, 2.0, steps=100, sampling_rate=0.1)
+        with self.assertRaisesRegex(ValueError, "PLD"):
+            privacy.calibrate_noise(
+                1.0,
+                1e-5,
+                steps=100,
+                dataset_size=100,
+                batch_size=10,
+                accountant="pld",
+                sampling="shuffle",
+            )
+
+
+class MaxStepsWithinTest(parameterized.TestCase):
+    @parameterized.parameters(
+        (1.0, 1.1, 0.01, "poisson"),
+        (3.0, 0.9, 0.02, "poisson"),
+        (3.0, 2.0, 0.01, "shuffle"),
+    )
+    def test_boundary(self, target, sigma, q, sampling):
+        kw = dict(dataset_size=200_000, batch_size=int(q * 200_000), sampling=sampling)
+        t = privacy.max_steps_within(target, sigma, 1e-5, **kw)
+        self.assertGreater(t, 0)
+        self.assertLessEqual(privacy.epsilon(sigma, t, 1e-5, **kw), target)
+        self.assertGreater(privacy.epsilon(sigma, t + 1, 1e-5, **kw), target)
+
+    def test_zero_noise_allows_no_step(self):
+        self.assertEqual(
+            privacy.max_steps_within(5.0, 0.0, 1e-5, sampling_rate=0.1), 0
+        )
+
+    def test_zero_budget(self):
+        self.assertEqual(
+            privacy.max_steps_within(0.0, 1.0, 1e-5, sampling_rate=0.1), 0
+        )
+
+    def test_negative_budget(self):
+        with self.assertRaisesRegex(ValueError, "target_epsilon"):
+            privacy.max_steps_within(-1.0, 1.0, 1e-5, sampling_rate=0.1)
+
+
+if __name__ == "__main__":
+    absltest.main()

@@ -1,0 +1,222 @@
+"""Tests for tfdp.privacy.PrivacyLedger (no TensorFlow)."""
+
+import json
+import warnings
+
+from absl.testing import absltest
+from absl.testing import parameterized
+
+from tfdp import privacy
+from tfdp.privacy import PrivacyLedger
+
+
+def _ledger(**overrides):
+    kw = dict(
+        noise_multiplier=1.1,
+        delta=1e-6,
+        dataset_size=60_000,
+        batch_size=256,
+    )
+    kw.update(overrides)
+    sigma = kw.pop("noise_multiplier")
+    return PrivacyLedger(sigma, **kw)
+
+
+class PrivacyLedgerTest(parameterized.TestCase):
+    def test_fields(self):
+        ledger = _ledger()
+        self.assertEqual(ledger.noise_multiplier, 1.1)
+        self.assertEqual(ledger.sampling_rate, 256 / 60_000)
+        self.assertEqual(ledger.steps, 0)
+        self.assertEqual(ledger.sampler, "poisson")
+        self.assertEqual(ledger.accountant, "rdp")
+        self.assertEqual(ledger.delta, 1e-6)
+        self.assertEqual(ledger.dataset_size, 60_000)
+        self.assertEqual(ledger.batch_size, 256)
+        self.assertEqual(ledger.epsilon(), 0.0)
+
+    def test_record_step(self):
+        ledger = _ledger()
+        self.assertEqual(ledger.record_step(), 1)
+        self.assertEqual(ledger.record_step(9), 10)
+        self.assertEqual(ledger.record_step(0), 10)
+        self.assertEqual(ledger.steps, 10)
+        with self.assertRaisesRegex(ValueError, "Received: n=-1"):
+            ledger.record_step(-1)
+        with self.assertRaisesRegex(ValueError, "Received: n=1.0"):
+            ledger.record_step(1.0)
+
+    @parameterized.parameters(
+        ("poisson", "rdp"), ("shuffle", "rdp"), ("poisson", "pld")
+    )
+    def test_epsilon_matches_function(self, sampler, accountant):
+        ledger = _ledger(sampler=sampler, accountant=accountant)
+        ledger.record_step(40)
+        expected = privacy.epsilon(
+            1.1,
+            40,
+            1e-6,
+            dataset_size=60_000,
+            batch_size=256,
+            sampling=sampler,
+            accountant=accountant,
+        )
+        self.assertEqual(ledger.epsilon(), expected)
+        self.assertEqual(ledger.epsilon_after(40), expected)
+
+    @parameterized.parameters(
+        ("poisson", "rdp"), ("shuffle", "rdp"), ("poisson", "pld")
+    )
+    def test_save_restore_equals_uninterrupted(self, sampler, accountant):
+        steps_a, steps_b = (30, 70) if accountant == "rdp" else (3, 7)
+        first = _ledger(sampler=sampler, accountant=accountant)
+        first.record_step(steps_a)
+        text = first.to_json()
+        restored = PrivacyLedger.from_json(text)
+        self.assertEqual(restored, first)
+        self.assertEqual(restored.to_json(), text)
+        restored.record_step(steps_b)
+
+        uninterrupted = _ledger(sampler=sampler, accountant=accountant)
+        for _ in range(steps_a + steps_b):
+            uninterrupted.record_step()
+        self.assertEqual(restored, uninterrupted)
+        self.assertEqual(restored.to_json(), uninterrupted.to_json())
+        self.assertEqual(restored.epsilon(), uninterrupted.epsilon())
+        self.assertGreater(restored.epsilon(), first.epsilon())
+
+    def test_json_round_trip_exact_floats(self):
+        ledger = PrivacyLedger(
+            0.1 + 0.2, sampling_rate=1 / 3, delta=1 / 7, steps=12_345
+        )
+        restored = PrivacyLedger.from_json(ledger.to_json())
+        self.assertEqual(restored.noise_multiplier, 0.1 + 0.2)
+        self.assertEqual(restored.sampling_rate, 1 / 3)
+        self.assertEqual(restored.delta, 1 / 7)
+        self.assertEqual(restored.steps, 12_345)
+        self.assertIsNone(restored.dataset_size)
+        self.assertEqual(restored, ledger)
+        # Also through bytes, as read from a checkpoint side file.
+        self.assertEqual(
+            PrivacyLedger.from_json(ledger.to_json().encode()), ledger
+        )
+
+    def test_to_dict(self):
+        d = _ledger(steps=5).to_dict()
+        self.assertEqual(
+            d,
+            {
+                "version": 1,
+                "noise_multiplier": 1.1,
+                "sampling_rate": 256 / 60_000,
+                "steps": 5,
+                "sampler": "poisson",
+                "delta": 1e-6,
+                "accountant": "rdp",
+                "dataset_size": 60_000,
+                "batch_size": 256,
+            },
+        )
+        json.dumps(d, allow_nan=False)
+        self.assertEqual(PrivacyLedger.from_dict(d), _ledger(steps=5))
+
+    def test_equality(self):
+        self.assertEqual(_ledger(), _ledger())
+        self.assertNotEqual(_ledger(), _ledger(noise_multiplier=1.2))
+        self.assertNotEqual(_ledger(), _ledger(steps=1))
+        self.assertNotEqual(_ledger(), _ledger(sampler="shuffle"))
+        self.assertNotEqual(_ledger(), "ledger")
+        with self.assertRaises(TypeError):
+            hash(_ledger())
+
+    def test_epsilon_after_is_monotone_and_stateless(self):
+        ledger = _ledger(steps=10)
+        eps = [ledger.epsilon_after(t) for t in (0, 10, 11, 100)]
+        self.assertEqual(eps[0], 0.0)
+        self.assertEqual(eps[1], ledger.epsilon())
+        self.assertEqual(eps, sorted(eps))
+        self.assertEqual(ledger.steps, 10)
+
+    @parameterized.parameters(("poisson", 2.0), ("shuffle", 5.0))
+    def test_max_steps_within(self, sampler, target):
+        ledger = _ledger(sampler=sampler, steps=3)
+        t = ledger.max_steps_within(target)
+        self.assertGreater(t, 3)
+        self.assertLessEqual(ledger.epsilon_after(t), target)
+        self.assertGreater(ledger.epsilon_after(t + 1), target)
+        self.assertEqual(
+            t,
+            privacy.max_steps_within(
+                target,
+                1.1,
+                1e-6,
+                dataset_size=60_000,
+                batch_size=256,
+                sampling=sampler,
+            ),
+        )
+        # The stopping rule a trainer uses lands exactly there.
+        while ledger.epsilon_after(ledger.steps + 1) <= target:
+            ledger.record_step(t - ledger.steps if ledger.steps < t - 1 else 1)
+        self.assertEqual(ledger.steps, t)
+
+    def test_max_steps_within_zero_noise(self):
+        self.assertEqual(_ledger(noise_multiplier=0.0).max_steps_within(10.0), 0)
+
+    @parameterized.named_parameters(
+        ("negative_sigma", dict(noise_multiplier=-1.0), "noise_multiplier"),
+        ("delta", dict(delta=0.0), "delta"),
+        ("steps", dict(steps=-3), "steps"),
+        ("sampler", dict(sampler="uniform"), "sampler"),
+        ("accountant", dict(accountant="gdp"), "accountant"),
+        ("batch", dict(batch_size=70_000), "batch_size"),
+        (
+            "pld_shuffle",
+            dict(sampler="shuffle", accountant="pld"),
+            "accountant",
+        ),
+        (
+            "shuffle_without_sizes",
+            dict(dataset_size=None, batch_size=None, sampling_rate=0.01,
+                 sampler="shuffle"),
+            "dataset_size",
+        ),
+    )
+    def test_constructor_validation(self, overrides, name):
+        with self.assertRaisesRegex(ValueError, f"Received: .*{name}="):
+            _ledger(**overrides)
+
+    def test_needs_a_rate(self):
+        with self.assertRaisesRegex(ValueError, "sampling_rate"):
+            PrivacyLedger(1.0, delta=1e-5)
+
+    def test_warns_on_large_delta(self):
+        with self.assertWarnsRegex(UserWarning, "1/dataset_size"):
+            _ledger(delta=1e-4)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            _ledger(delta=1e-6)
+
+    @parameterized.parameters(
+        '{"noise_multiplier": 1.0, "delta": 1e-5, "steps": 0, "foo": 1, '
+        '"sampling_rate": 0.1}',
+        '{"noise_multiplier": 1.0, "steps": 0, "sampling_rate": 0.1}',
+        '{"version": 2, "noise_multiplier": 1.0, "delta": 1e-5, "steps": 0, '
+        '"sampling_rate": 0.1}',
+        '{"noise_multiplier": 1.0, "delta": 1e-5, "steps": -1, '
+        '"sampling_rate": 0.1}',
+        "[1, 2]",
+        "not json",
+    )
+    def test_from_json_rejects(self, text):
+        with self.assertRaises(ValueError):
+            PrivacyLedger.from_json(text)
+
+    def test_str_and_repr(self):
+        ledger = _ledger(steps=100)
+        self.assertIn("steps=100", repr(ledger))
+        self.assertIn("epsilon=", str(ledger))
+
+
+if __name__ == "__main__":
+    absltest.main()

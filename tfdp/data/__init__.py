@@ -1,0 +1,35 @@
+"""Input pipelines for DP-SGD: sources, samplers and preprocessing."""
+
+from tfdp.data.pipeline import make_eval_pipeline
+from tfdp.data.pipeline import make_train_pipeline
+from tfdp.data.pipeline import train_sampling_spec
+from tfdp.data.preprocessing import cifar_eval_preprocess
+from tfdp.data.preprocessing import cifar_train_preprocess
+from tfdp.data.preprocessing import imagenet_eval_preprocess
+from tfdp.data.preprocessing import imagenet_train_preprocess
+from tfdp.data.sampling import SamplingSpec
+from tfdp.data.sampling import make_sampling_spec
+from tfdp.data.sources import ArraySource
+from tfdp.data.sources import DatasetInfo
+from tfdp.data.sources import RandomAccessSource
+from tfdp.data.sources import StreamingSource
+from tfdp.data.sources import load_offline
+from tfdp.data.sources import load_tfds
+
+__all__ = [
+    "ArraySource",
+    "DatasetInfo",
+    "RandomAccessSource",
+    "SamplingSpec",
+    "StreamingSource",
+    "cifar_eval_preprocess",
+    "cifar_train_preprocess",
+    "imagenet_eval_preprocess",
+    "imagenet_train_preprocess",
+    "load_offline",
+    "load_tfds",
+    "make_eval_pipeline",
+    "make_sampling_spec",
+    "make_train_pipeline",
+    "train_sampling_spec",
+]

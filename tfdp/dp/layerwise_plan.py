@@ -1,0 +1,107 @@
+"""`plan`: which per-layer rule each trainable layer gets, and its memory."""
+
+import dataclasses
+
+import tensorflow as tf
+
+from tfdp.dp import clipping
+from tfdp.dp import layer_grads
+from tfdp.dp import layer_taps
+
+_BYTES = 4
+
+
+@dataclasses.dataclass
+class LayerPlan:
+    """How one trainable layer's per-example norms are computed."""
+
+    name: str
+    kind: str
+    t: int
+    p: int
+    d: int
+    mode: str
+    params: int
+    memory_bytes: int
+
+
+@dataclasses.dataclass
+class DPPlan:
+    """The per-layer plan of a clipping method for one physical batch."""
+
+    method: str
+    batch_size: int
+    layers: list
+
+    @property
+    def memory_bytes(self):
+        return sum(layer.memory_bytes for layer in self.layers)
+
+    def __str__(self):
+        header = f"{'layer':<40} {'kind':<10} {'T':>6} {'p':>6} {'D':>7} {'rule':<12} {'params':>9} {'memory':>10}"
+        lines = [
+            f"DP plan: method={self.method}, physical batch={self.batch_size}",
+            header,
+            "-" * len(header),
+        ]
+        for layer in self.layers:
+            lines.append(
+                f"{layer.name[:40]:<40} {layer.kind:<10} {layer.t:>6} {layer.p:>6} "
+                f"{layer.d:>7} {layer.mode:<12} {layer.params:>9} {_mb(layer.memory_bytes):>10}"
+            )
+        lines.append(f"estimated per-example work memory: {_mb(self.memory_bytes)}")
+        return "\n".join(lines)
+
+
+def _mb(n):
+    return f"{n / 2**20:.1f} MiB"
+
+
+def plan(model, input_shape, batch_size, method="auto", input_dtype="float32"):
+    """Plans per-example norm computation for each trainable layer.
+
+    Args:
+        model: keras.Model. The model to train.
+        input_shape: tuple. One example's input shape, without the batch.
+        batch_size: int. The physical batch size.
+        method: str. A clipping method; "auto" resolves as in training.
+            Defaults to "auto".
+        input_dtype: str. Dtype of the probe input. Defaults to "float32".
+
+    Returns:
+        A `DPPlan`; `print(plan)` shows the table.
+    """
+    method = clipping.resolve_method(model, method)
+    layer_taps.install_taps(model)
+    probe = tf.zeros((1,) + tuple(input_shape), dtype=input_dtype)
+    with layer_taps.recording() as recorder:
+        model(probe, training=False)
+    groups = {}
+    for record in recorder.records:
+        groups.setdefault(id(record.layer), []).append(record)
+    layers = []
+    for records in groups.values():
+        layer = records[0].layer
+        kind = layer._tfdp_kind
+        params = sum(int(v.numpy().size) for v in layer_taps.own_trainable_variables(layer))
+        if kind in (layer_taps.KIND_CONV2D, layer_taps.KIND_DENSE):
+            t, p, d = layer_grads.linear_dims(layer, records)
+            if method in clipping.TAPPED_METHODS:
+                mode = layer_grads.linear_norm_mode(kind, t, p, d, method)
+            else:
+                mode = layer_grads.INSTANTIATE
+            if mode == layer_grads.GHOST:
+                memory = batch_size * 2 * t * t * _BYTES
+            else:
+                memory = batch_size * (d * p + t * d) * _BYTES
+        elif kind == layer_taps.KIND_EMBEDDING:
+            t = sum(int(tf.size(r.inputs)) for r in records)
+            p, d = int(layer.embeddings.shape[1]), int(layer.embeddings.shape[0])
+            mode = layer_grads.GHOST
+            memory = batch_size * 2 * t * t * _BYTES
+        else:
+            t = p = d = 0
+            mode = layer_grads.INSTANTIATE
+            memory = batch_size * params * _BYTES
+        layers.append(LayerPlan(layer.name, kind, t, p, d, mode, params, memory))
+    return DPPlan(method, batch_size, layers)

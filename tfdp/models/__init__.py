@@ -1,0 +1,46 @@
+"""Model builders for DP-SGD: GroupNorm ResNets, small convnets, BN surgery.
+
+All builders return Functional Keras models made of standard leaf layers
+(Conv2D, Dense, GroupNormalization, ...), which is what the DP engine taps.
+No builder uses BatchNormalization.
+"""
+
+from tfdp.models.find_batchnorm import find_batchnorm
+from tfdp.models.replace_batchnorm import replace_batchnorm
+from tfdp.models.resnet_v2 import resnet_v2
+from tfdp.models.resnets import resnet101
+from tfdp.models.resnets import resnet152
+from tfdp.models.resnets import resnet18
+from tfdp.models.resnets import resnet34
+from tfdp.models.resnets import resnet50
+from tfdp.models.small_convnet import small_convnet
+from tfdp.models.sub_blocks import SUB_BLOCKS
+from tfdp.models.sub_blocks import sub_block_layers
+from tfdp.models.transfer import FREEZABLE_SUB_BLOCKS
+from tfdp.models.transfer import freeze_sub_blocks
+from tfdp.models.transfer import load_weights_matching
+from tfdp.models.transfer import replace_head
+from tfdp.models.vgg_cifar import vgg_cifar
+from tfdp.models.wide_resnet_gn import wide_resnet_gn
+from tfdp.models.ws_conv2d import WSConv2D
+
+__all__ = [
+    "FREEZABLE_SUB_BLOCKS",
+    "SUB_BLOCKS",
+    "WSConv2D",
+    "find_batchnorm",
+    "freeze_sub_blocks",
+    "load_weights_matching",
+    "replace_batchnorm",
+    "replace_head",
+    "resnet101",
+    "resnet152",
+    "resnet18",
+    "resnet34",
+    "resnet50",
+    "resnet_v2",
+    "small_convnet",
+    "sub_block_layers",
+    "vgg_cifar",
+    "wide_resnet_gn",
+]

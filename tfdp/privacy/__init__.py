@@ -1,0 +1,42 @@
+"""Differential-privacy accounting for tfdp, built on `dp_accounting`.
+
+Public API:
+
+- `epsilon`: epsilon of a DP-SGD run (RDP or PLD; Poisson or fixed-size
+  shuffled batches).
+- `calibrate_noise`: smallest noise multiplier meeting a target epsilon.
+- `max_steps_within`: most steps within a target epsilon.
+- `epsilon_table` / `format_epsilon_table`: epsilon at several deltas.
+- `PrivacyLedger`: serialisable privacy state kept with checkpoints.
+- `steps_for_epochs`: `ceil(epochs * N / B)`.
+
+Imports no TensorFlow. See `docs/PRIVACY.md` for the accounting choices.
+"""
+
+from tfdp.privacy.accounting import ACCOUNTANTS
+from tfdp.privacy.accounting import DEFAULT_DELTAS
+from tfdp.privacy.accounting import SAMPLINGS
+from tfdp.privacy.accounting import epsilon
+from tfdp.privacy.accounting import epsilon_table
+from tfdp.privacy.accounting import format_epsilon_table
+from tfdp.privacy.accounting import make_dp_event
+from tfdp.privacy.accounting import resolve_sampling_rate
+from tfdp.privacy.accounting import steps_for_epochs
+from tfdp.privacy.calibration import calibrate_noise
+from tfdp.privacy.calibration import max_steps_within
+from tfdp.privacy.ledger import PrivacyLedger
+
+__all__ = [
+    "ACCOUNTANTS",
+    "DEFAULT_DELTAS",
+    "SAMPLINGS",
+    "PrivacyLedger",
+    "calibrate_noise",
+    "epsilon",
+    "epsilon_table",
+    "format_epsilon_table",
+    "make_dp_event",
+    "max_steps_within",
+    "resolve_sampling_rate",
+    "steps_for_epochs",
+]

@@ -1,0 +1,546 @@
+"""Privacy accounting for DP-SGD on top of `dp_accounting`.
+
+Two samplers are supported, and they are accounted differently:
+
+- `"poisson"`: every example joins each step's batch independently with
+  probability `q`. This is the Poisson-subsampled Gaussian mechanism of
+  Abadi et al. (2016) under add/remove-one adjacency, and is what the paper's
+  code reported (although its pipeline did not sample that way).
+- `"shuffle"`: every step takes a fixed-size batch of `B` distinct examples
+  out of `N`. This is accounted as sampling without replacement under
+  replace-one adjacency (Wang, Balle & Kasiviswanathan 2019, Theorem 27, as
+  implemented by `dp_accounting.rdp`), with the Gaussian noise measured
+  against the replace-one sensitivity `2C` of the clipped sum. Only the RDP
+  accountant supports it; see `epsilon` and `docs/PRIVACY.md`.
+
+No TensorFlow is imported here, so `python -m tfdp.privacy` starts quickly.
+"""
+
+import fractions
+import functools
+import math
+import numbers
+import warnings
+
+import dp_accounting
+from dp_accounting import pld as dp_pld
+from dp_accounting import rdp as dp_rdp
+from dp_accounting.rdp import rdp_privacy_accountant
+
+ACCOUNTANTS = ("rdp", "pld")
+SAMPLINGS = ("poisson", "shuffle")
+DEFAULT_DELTAS = (1e-5, 1e-6, 1e-7, 1e-8)
+
+# The RDP orders dp_accounting uses by default; pinned so that the cached
+# single-step RDP vector below and a plain `RdpAccountant()` agree exactly.
+RDP_ORDERS = tuple(rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
+
+# dp_accounting's default PLD discretisation. The PLD accountant is run with
+# pessimistic rounding, so the reported epsilon is an upper bound.
+PLD_DISCRETIZATION = 1e-4
+
+# Name of the adjacency relation each sampler's bound is stated under.
+ADJACENCY = {"poisson": "add_or_remove_one", "shuffle": "replace_one"}
+
+
+# --------------------------------------------------------------------------
+# Validation.
+# --------------------------------------------------------------------------
+
+
+def _is_int(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def validate_noise_multiplier(noise_multiplier):
+    if not _is_real(noise_multiplier) or not math.isfinite(noise_multiplier):
+        raise ValueError(
+            "`noise_multiplier` must be a finite number. "
+            f"Received: noise_multiplier={noise_multiplier!r}"
+        )
+    if noise_multiplier < 0:
+        raise ValueError(
+            "`noise_multiplier` must be >= 0. "
+            f"Received: noise_multiplier={noise_multiplier!r}"
+        )
+    return float(noise_multiplier)
+
+
+def validate_steps(steps, name="steps"):
+    if not _is_int(steps):
+        raise ValueError(
+            f"`{name}` must be an integer. Received: {name}={steps!r}"
+        )
+    if steps < 0:
+        raise ValueError(f"`{name}` must be >= 0. Received: {name}={steps!r}")
+    return int(steps)
+
+
+def validate_delta(delta):
+    if not _is_real(delta) or not 0 < delta < 1:
+        raise ValueError(
+            f"`delta` must be in (0, 1). Received: delta={delta!r}"
+        )
+    return float(delta)
+
+
+def validate_accountant(accountant):
+    if accountant not in ACCOUNTANTS:
+        raise ValueError(
+            f"`accountant` must be one of {ACCOUNTANTS}. "
+            f"Received: accountant={accountant!r}"
+        )
+    return accountant
+
+
+def validate_sampling(sampling, name="sampling"):
+    if sampling not in SAMPLINGS:
+        raise ValueError(
+            f"`{name}` must be one of {SAMPLINGS}. "
+            f"Received: {name}={sampling!r}"
+        )
+    return sampling
+
+
+def check_supported(accountant, sampling):
+    if accountant == "pld" and sampling == "shuffle":
+        # dp_accounting's PLD accountant has no SampledWithoutReplacement
+        # event; treating fixed-size batches as Poisson would understate
+        # epsilon, so refuse instead.
+        raise ValueError(
+            "The PLD accountant does not support fixed-size shuffled batches "
+            "(sampling without replacement); use accountant='rdp'. "
+            f"Received: accountant={accountant!r}, sampling={sampling!r}"
+        )
+
+
+def resolve_sampling_rate(
+    sampling_rate=None, dataset_size=None, batch_size=None
+):
+    """Validates the batch description and returns `(q, N, B)`.
+
+    Either `sampling_rate`, or `dataset_size` and `batch_size` (then
+    `q = batch_size / dataset_size`) must be given. `dataset_size` alone may
+    accompany `sampling_rate` (it is then only used for the `delta` check).
+    When all three are given they must agree.
+
+    Args:
+        sampling_rate: float or None. Probability `q` in `(0, 1]`.
+        dataset_size: int or None. Number of training examples `N`.
+        batch_size: int or None. Expected (Poisson) or exact (shuffle)
+            batch size `B`, `1 <= B <= N`.
+
+    Returns:
+        A tuple `(sampling_rate, dataset_size, batch_size)`; the last two may
+        be `None`.
+    """
+    if dataset_size is not None:
+        if not _is_int(dataset_size) or dataset_size < 1:
+            raise ValueError(
+                "`dataset_size` must be an integer >= 1. "
+                f"Received: dataset_size={dataset_size!r}"
+            )
+        dataset_size = int(dataset_size)
+    if batch_size is not None:
+        if not _is_int(batch_size) or batch_size < 1:
+            raise ValueError(
+                "`batch_size` must be an integer >= 1. "
+                f"Received: batch_size={batch_size!r}"
+            )
+        batch_size = int(batch_size)
+        if dataset_size is None:
+            raise ValueError(
+                "`batch_size` needs `dataset_size`. "
+                f"Received: batch_size={batch_size}, dataset_size=None"
+            )
+        if batch_size > dataset_size:
+            raise ValueError(
+                "`batch_size` must be <= `dataset_size`. "
+                f"Received: batch_size={batch_size}, "
+                f"dataset_size={dataset_size}"
+            )
+    if sampling_rate is not None:
+        if not _is_real(sampling_rate) or not 0 < sampling_rate <= 1:
+            raise ValueError(
+                "`sampling_rate` must be in (0, 1]. "
+                f"Received: sampling_rate={sampling_rate!r}"
+            )
+        sampling_rate = float(sampling_rate)
+        if batch_size is not None:
+            implied = batch_size / dataset_size
+            if not math.isclose(sampling_rate, implied, rel_tol=1e-9):
+                raise ValueError(
+                    "`sampling_rate` disagrees with batch_size / dataset_size"
+                    f" = {implied!r}. Received: sampling_rate={sampling_rate!r}"
+                )
+            sampling_rate = implied
+    elif batch_size is not None:
+        sampling_rate = batch_size / dataset_size
+    else:
+        raise ValueError(
+            "Pass either `sampling_rate`, or `dataset_size` and `batch_size`. "
+            f"Received: sampling_rate=None, dataset_size={dataset_size!r}, "
+            "batch_size=None"
+        )
+    return sampling_rate, dataset_size, batch_size
+
+
+def check_delta_against_dataset(delta, dataset_size, stacklevel=3):
+    """Warns when `delta >= 1 / dataset_size`.
+
+    A mechanism that publishes one random example outright is
+    `(0, 1/N)`-DP, so `delta` should be well below `1/N` to mean anything.
+    """
+    if dataset_size is not None and delta >= 1.0 / dataset_size:
+        warnings.warn(
+            f"delta={delta!r} is >= 1/dataset_size = {1.0 / dataset_size!r}; "
+            "such a delta permits leaking whole examples. Prefer "
+            "delta << 1/N.",
+            UserWarning,
+            stacklevel=stacklevel,
+        )
+
+
+def _validate_all(
+    noise_multiplier,
+    steps,
+    delta,
+    sampling_rate,
+    dataset_size,
+    batch_size,
+    accountant,
+    sampling,
+):
+    noise_multiplier = validate_noise_multiplier(noise_multiplier)
+    steps = validate_steps(steps)
+    delta = validate_delta(delta)
+    validate_accountant(accountant)
+    validate_sampling(sampling)
+    q, n, b = resolve_sampling_rate(sampling_rate, dataset_size, batch_size)
+    check_supported(accountant, sampling)
+    if sampling == "shuffle" and b is None:
+        # The without-replacement event is defined by the integer pair
+        # (N, B); a bare rate does not describe a fixed-size batch.
+        raise ValueError(
+            "sampling='shuffle' needs `dataset_size` and `batch_size`. "
+            f"Received: dataset_size={dataset_size!r}, "
+            f"batch_size={batch_size!r}"
+        )
+    return noise_multiplier, steps, delta, q, n, b
+
+
+def steps_for_epochs(epochs, dataset_size, batch_size):
+    """Returns `ceil(epochs * dataset_size / batch_size)`.
+
+    A partial last step still touches data, so it counts as a full step.
+    The product is formed exactly (as a fraction of the decimal value of
+    `epochs`), so e.g. 70 epochs of 1,281,167 examples in batches of 65,536
+    is 1,369 steps, with no float rounding at integer boundaries.
+
+    Args:
+        epochs: float. Number of passes over the data, `> 0`.
+        dataset_size: int. Number of training examples `N`.
+        batch_size: int. Batch size `B`, `1 <= B <= N`.
+
+    Returns:
+        The number of optimizer steps, an int.
+    """
+    if not _is_real(epochs) or not math.isfinite(epochs) or epochs <= 0:
+        raise ValueError(f"`epochs` must be > 0. Received: epochs={epochs!r}")
+    resolve_sampling_rate(None, dataset_size, batch_size)
+    exact = fractions.Fraction(str(epochs)) * dataset_size / batch_size
+    return int(math.ceil(exact))
+
+
+# --------------------------------------------------------------------------
+# DpEvents.
+# --------------------------------------------------------------------------
+
+
+def make_dp_event(
+    noise_multiplier,
+    steps,
+    *,
+    sampling_rate=None,
+    dataset_size=None,
+    batch_size=None,
+    sampling="poisson",
+):
+    """Returns the `dp_accounting.DpEvent` describing a DP-SGD run.
+
+    For `sampling="poisson"` this is
+    `SelfComposed(PoissonSampled(q, Gaussian(sigma)), steps)`, to be
+    accounted under add/remove-one adjacency.
+
+    For `sampling="shuffle"` it is
+    `SelfComposed(SampledWithoutReplacement(N, B, Gaussian(sigma / 2)),
+    steps)`, to be accounted under replace-one adjacency. The halving is
+    deliberate: the clipped sum's replace-one L2 sensitivity is `2C`, and
+    `dp_accounting`'s RDP code reads `noise_multiplier` as noise std over
+    the sensitivity of the relation in use (its without-replacement bound at
+    `q = 1` is `alpha / (2 sigma^2)`, the RDP of a sensitivity-1 Gaussian).
+
+    Args:
+        noise_multiplier: float. Noise std over the clipping norm `C`,
+            `sigma`, on the logical batch.
+        steps: int. Number of optimizer steps.
+        sampling_rate: float or None. Poisson rate `q`. Defaults to `None`.
+        dataset_size: int or None. `N`. Defaults to `None`.
+        batch_size: int or None. `B`. Defaults to `None`.
+        sampling: str. `"poisson"` or `"shuffle"`. Defaults to `"poisson"`.
+
+    Returns:
+        A `dp_accounting.DpEvent`.
+    """
+    sigma = validate_noise_multiplier(noise_multiplier)
+    steps = validate_steps(steps)
+    validate_sampling(sampling)
+    q, n, b = resolve_sampling_rate(sampling_rate, dataset_size, batch_size)
+    return _make_event(sigma, steps, q, n, b, sampling)
+
+
+def _make_event(sigma, steps, q, n, b, sampling):
+    if sampling == "poisson":
+        single = dp_accounting.PoissonSampledDpEvent(
+            q, dp_accounting.GaussianDpEvent(sigma)
+        )
+    else:
+        if b is None:
+            raise ValueError(
+                "sampling='shuffle' needs `dataset_size` and `batch_size`. "
+                "Received: batch_size=None"
+            )
+        single = dp_accounting.SampledWithoutReplacementDpEvent(
+            n, b, dp_accounting.GaussianDpEvent(sigma / 2.0)
+        )
+    return dp_accounting.SelfComposedDpEvent(single, steps)
+
+
+def _relation(sampling):
+    if sampling == "poisson":
+        return dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+    return dp_accounting.NeighboringRelation.REPLACE_ONE
+
+
+# --------------------------------------------------------------------------
+# Epsilon.
+# --------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=256)
+def _single_step_rdp(sigma, q, n, b, sampling):
+    # RDP composes additively, and dp_accounting adds `count * rdp_1` for a
+    # self-composed event, so `steps * rdp_1` reproduces its numbers exactly
+    # while letting the (slow, O(alpha^2)) without-replacement bound be
+    # computed once per (sigma, q) instead of once per query.
+    accountant = dp_rdp.RdpAccountant(
+        orders=RDP_ORDERS, neighboring_relation=_relation(sampling)
+    )
+    accountant.compose(_make_event(sigma, 1, q, n, b, sampling))
+    rdp = getattr(accountant, "_rdp", None)
+    if rdp is None:
+        return None
+    rdp = rdp.copy()
+    rdp.setflags(write=False)
+    return rdp
+
+
+def _rdp_epsilon(sigma, steps, delta, q, n, b, sampling):
+    if sampling == "poisson":
+        # N and B do not enter the Poisson event; keep them out of the key.
+        n = b = None
+    rdp_1 = _single_step_rdp(sigma, q, n, b, sampling)
+    if rdp_1 is None:
+        # Private attribute gone in some dp_accounting version: compose the
+        # whole run the public way.
+        accountant = dp_rdp.RdpAccountant(
+            orders=RDP_ORDERS, neighboring_relation=_relation(sampling)
+        )
+        accountant.compose(_make_event(sigma, steps, q, n, b, sampling))
+        return float(accountant.get_epsilon(delta))
+    eps, _ = dp_rdp.compute_epsilon(RDP_ORDERS, steps * rdp_1, delta)
+    return float(eps)
+
+
+@functools.lru_cache(maxsize=8)
+def _pld_accountant(sigma, steps, q):
+    accountant = dp_pld.PLDAccountant(
+        neighboring_relation=_relation("poisson"),
+        value_discretization_interval=PLD_DISCRETIZATION,
+    )
+    accountant.compose(_make_event(sigma, steps, q, None, None, "poisson"))
+    return accountant
+
+
+def _epsilon(sigma, steps, delta, q, n, b, accountant, sampling):
+    """Epsilon for already validated arguments."""
+    if steps == 0:
+        # No step ran, so nothing was released; this wins over sigma = 0.
+        return 0.0
+    if sigma == 0:
+        return math.inf
+    if accountant == "rdp":
+        return _rdp_epsilon(sigma, steps, delta, q, n, b, sampling)
+    return float(_pld_accountant(sigma, steps, q).get_epsilon(delta))
+
+
+def epsilon(
+    noise_multiplier,
+    steps,
+    delta,
+    *,
+    sampling_rate=None,
+    dataset_size=None,
+    batch_size=None,
+    accountant="rdp",
+    sampling="poisson",
+):
+    """Returns the epsilon of `steps` DP-SGD steps at the given `delta`.
+
+    `sampling="poisson"`: each step's batch includes every example
+    independently with probability `q`; accounted as the Poisson-subsampled
+    Gaussian mechanism under add/remove-one adjacency, by RDP or PLD.
+
+    `sampling="shuffle"`: each step's batch is `B` distinct examples out of
+    `N`; accounted as sampling without replacement under replace-one
+    adjacency, by the RDP bound of Wang, Balle & Kasiviswanathan (2019,
+    Theorem 27) in `dp_accounting.rdp`. The clipped sum's sensitivity under
+    replace-one is `2C` (one clipped gradient swapped for another), so the
+    Gaussian is passed to dp_accounting with noise multiplier `sigma / 2`.
+    The bound treats each step's batch as an independent, uniformly random
+    subset of size `B`. A per-epoch shuffle (every example exactly once per
+    epoch) is not that either; this is the standard honest treatment of
+    fixed-size batches, not an analysis of shuffling itself (whose batches
+    are dependent across steps), and unlike `"poisson"` it is not a claim
+    about add/remove adjacency. The PLD accountant has no such event, so
+    `accountant="pld"` with `sampling="shuffle"` raises.
+
+    Args:
+        noise_multiplier: float. Noise std over the clipping norm, `sigma`,
+            for the whole logical batch (not per device or per micro-batch).
+        steps: int. Number of optimizer steps, `>= 0`.
+        delta: float. Target delta in `(0, 1)`.
+        sampling_rate: float or None. `q` in `(0, 1]`. Defaults to `None`.
+        dataset_size: int or None. `N`; with `batch_size`, `q = B / N`.
+            Also enables a warning when `delta >= 1/N`. Defaults to `None`.
+        batch_size: int or None. `B`. Defaults to `None`.
+        accountant: str. `"rdp"` or `"pld"`. Defaults to `"rdp"`.
+        sampling: str. `"poisson"` or `"shuffle"`. Defaults to `"poisson"`.
+
+    Returns:
+        Epsilon as a float: `0.0` when `steps == 0`, `inf` when
+        `noise_multiplier == 0` (and `steps > 0`).
+    """
+    sigma, steps, delta, q, n, b = _validate_all(
+        noise_multiplier,
+        steps,
+        delta,
+        sampling_rate,
+        dataset_size,
+        batch_size,
+        accountant,
+        sampling,
+    )
+    check_delta_against_dataset(delta, n)
+    return _epsilon(sigma, steps, delta, q, n, b, accountant, sampling)
+
+
+def epsilon_table(
+    noise_multiplier,
+    steps,
+    deltas=DEFAULT_DELTAS,
+    *,
+    sampling_rate=None,
+    dataset_size=None,
+    batch_size=None,
+    accountant="rdp",
+    sampling="poisson",
+):
+    """Returns epsilon at several deltas, as in the paper's Appendix I.
+
+    Args:
+        noise_multiplier: float. Noise multiplier `sigma` of the logical
+            batch.
+        steps: int. Number of optimizer steps.
+        deltas: sequence of float. Deltas to report. Defaults to
+            `(1e-5, 1e-6, 1e-7, 1e-8)`.
+        sampling_rate: float or None. `q`. Defaults to `None`.
+        dataset_size: int or None. `N`. Defaults to `None`.
+        batch_size: int or None. `B`. Defaults to `None`.
+        accountant: str. `"rdp"`, `"pld"` or `"both"`. Defaults to `"rdp"`.
+        sampling: str. `"poisson"` or `"shuffle"`. Defaults to `"poisson"`.
+
+    Returns:
+        A list with one dict per delta, with keys `delta`,
+        `epsilon_rdp` and/or `epsilon_pld`, `noise_multiplier`,
+        `sampling_rate`, `steps` and `sampling`.
+    """
+    if accountant == "both":
+        accountants = ACCOUNTANTS
+    else:
+        accountants = (validate_accountant(accountant),)
+    deltas = tuple(deltas)
+    if not deltas:
+        raise ValueError(f"`deltas` must not be empty. Received: deltas={deltas}")
+    validated = None
+    for acc in accountants:
+        for delta in deltas:
+            validated = _validate_all(
+                noise_multiplier,
+                steps,
+                delta,
+                sampling_rate,
+                dataset_size,
+                batch_size,
+                acc,
+                sampling,
+            )
+    sigma, steps, _, q, n, b = validated
+    check_delta_against_dataset(max(deltas), n)
+    rows = []
+    for delta in deltas:
+        row = {
+            "delta": float(delta),
+            "noise_multiplier": sigma,
+            "sampling_rate": q,
+            "steps": steps,
+            "sampling": sampling,
+        }
+        for acc in accountants:
+            row[f"epsilon_{acc}"] = _epsilon(
+                sigma, steps, float(delta), q, n, b, acc, sampling
+            )
+        rows.append(row)
+    return rows
+
+
+def format_epsilon(value, digits=4):
+    """Formats an epsilon for humans: `inf` stays `inf`."""
+    if math.isinf(value):
+        return "inf"
+    return f"{value:.{digits}f}"
+
+
+def format_epsilon_table(rows):
+    """Formats the output of `epsilon_table` as a fixed-width text table.
+
+    Args:
+        rows: list of dict. Rows returned by `epsilon_table`.
+
+    Returns:
+        The table as a string, one line per delta, without a trailing
+        newline.
+    """
+    columns = [c for c in ("epsilon_rdp", "epsilon_pld") if rows and c in rows[0]]
+    header = f"{'delta':>8}" + "".join(f"{c:>14}" for c in columns)
+    lines = [header, "-" * len(header)]
+    for row in rows:
+        lines.append(
+            f"{row['delta']:>8.0e}"
+            + "".join(f"{format_epsilon(row[c]):>14}" for c in columns)
+        )
+    return "\n".join(lines)

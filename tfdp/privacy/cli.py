@@ -1,0 +1,238 @@
+"""Command line privacy calculator: `python -m tfdp.privacy --help`."""
+
+import argparse
+import json
+import math
+import sys
+import warnings
+
+from tfdp.privacy import accounting
+from tfdp.privacy import calibration
+
+_DESCRIPTION = """\
+Epsilon of a DP-SGD run, or the noise multiplier for a target epsilon.
+Steps from epochs are ceil(epochs * dataset_size / batch_size).
+--sampling=poisson: Poisson-subsampled Gaussian, add/remove-one adjacency.
+--sampling=shuffle: fixed-size batches, sampling without replacement,
+replace-one adjacency (RDP only)."""
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    # argparse prints the usage block and exits; we want one `error:` line.
+    def error(self, message):
+        raise _UsageError(message)
+
+
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer, got {text!r}"
+        ) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected >= 1, got {value}")
+    return value
+
+
+def _nonnegative_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer, got {text!r}"
+        ) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected >= 0, got {value}")
+    return value
+
+
+def _finite_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number, got {text!r}"
+        ) from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text}")
+    return value
+
+
+def build_parser():
+    parser = _Parser(
+        prog="python -m tfdp.privacy",
+        description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--dataset_size", type=_positive_int, required=True)
+    parser.add_argument("--batch_size", type=_positive_int, required=True)
+    duration = parser.add_mutually_exclusive_group(required=True)
+    duration.add_argument("--epochs", type=_finite_float)
+    duration.add_argument("--steps", type=_nonnegative_int)
+    noise = parser.add_mutually_exclusive_group(required=True)
+    noise.add_argument("--noise_multiplier", type=_finite_float)
+    noise.add_argument("--target_epsilon", type=_finite_float)
+    parser.add_argument("--delta", type=_finite_float, required=True)
+    parser.add_argument(
+        "--accountant", choices=("rdp", "pld", "both"), default="rdp"
+    )
+    parser.add_argument(
+        "--sampling", choices=accounting.SAMPLINGS, default="poisson"
+    )
+    parser.add_argument(
+        "--tolerance",
+        type=_finite_float,
+        default=1e-3,
+        help="relative precision of a calibrated noise multiplier",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object"
+    )
+    return parser
+
+
+def _json_float(value):
+    # Strict JSON has no Infinity; null marks an unbounded epsilon.
+    return None if math.isinf(value) else value
+
+
+def compute(args):
+    """Runs the accounting for parsed `args`; returns the result dict."""
+    n, b = args.dataset_size, args.batch_size
+    q, _, _ = accounting.resolve_sampling_rate(None, n, b)
+    if args.epochs is not None:
+        steps = accounting.steps_for_epochs(args.epochs, n, b)
+    else:
+        steps = args.steps
+    if args.accountant == "both":
+        accountants = accounting.ACCOUNTANTS
+    else:
+        accountants = (args.accountant,)
+    for acc in accountants:
+        accounting.check_supported(acc, args.sampling)
+    result = {
+        "dataset_size": n,
+        "batch_size": b,
+        "epochs": args.epochs,
+        "steps": steps,
+        "sampling_rate": q,
+        "sampling": args.sampling,
+        "adjacency": accounting.ADJACENCY[args.sampling],
+        "delta": args.delta,
+        "accountant": args.accountant,
+    }
+    common = dict(dataset_size=n, batch_size=b, sampling=args.sampling)
+    if args.target_epsilon is not None:
+        # With both accountants, the larger sigma meets the target under
+        # both, so that is the one reported and used below.
+        calibrated = {
+            acc: calibration.calibrate_noise(
+                args.target_epsilon,
+                args.delta,
+                steps=steps,
+                accountant=acc,
+                tolerance=args.tolerance,
+                **common,
+            )
+            for acc in accountants
+        }
+        sigma = max(calibrated.values())
+        result["target_epsilon"] = args.target_epsilon
+        result["tolerance"] = args.tolerance
+        result["calibrated_noise_multiplier"] = calibrated
+    else:
+        sigma = args.noise_multiplier
+    result["noise_multiplier"] = sigma
+    for acc in accountants:
+        result[f"epsilon_{acc}"] = accounting.epsilon(
+            sigma, steps, args.delta, accountant=acc, **common
+        )
+    with warnings.catch_warnings():
+        # The table sweeps fixed deltas; only --delta is worth a warning.
+        warnings.simplefilter("ignore", UserWarning)
+        result["epsilon_table"] = accounting.epsilon_table(
+            sigma,
+            steps,
+            accounting.DEFAULT_DELTAS,
+            accountant=args.accountant,
+            **common,
+        )
+    return result
+
+
+def format_text(result):
+    """Formats `compute`'s result as a readable report."""
+    rows = [
+        ("dataset_size (N)", f"{result['dataset_size']:,}"),
+        ("batch_size (B)", f"{result['batch_size']:,}"),
+    ]
+    if result["epochs"] is not None:
+        rows.append(("epochs", f"{result['epochs']:g}"))
+    rows += [
+        ("steps", f"{result['steps']:,}"),
+        ("sampling_rate (q)", f"{result['sampling_rate']:.6g}"),
+        ("sampling", f"{result['sampling']} ({result['adjacency']})"),
+    ]
+    if "target_epsilon" in result:
+        rows.append(("target_epsilon", f"{result['target_epsilon']:g}"))
+        for acc, sigma in result["calibrated_noise_multiplier"].items():
+            rows.append((f"calibrated sigma ({acc})", f"{sigma:.6g}"))
+    rows += [
+        ("noise_multiplier", f"{result['noise_multiplier']:.6g}"),
+        ("delta", f"{result['delta']:g}"),
+    ]
+    for acc in accounting.ACCOUNTANTS:
+        key = f"epsilon_{acc}"
+        if key in result:
+            rows.append((f"epsilon ({acc})", accounting.format_epsilon(result[key])))
+    width = max(len(name) for name, _ in rows)
+    lines = [f"{name:<{width}}  {value}" for name, value in rows]
+    lines += ["", accounting.format_epsilon_table(result["epsilon_table"])]
+    return "\n".join(lines)
+
+
+def _to_json(result):
+    out = dict(result)
+    for key in ("epsilon_rdp", "epsilon_pld"):
+        if key in out:
+            out[key] = _json_float(out[key])
+    out["epsilon_table"] = [
+        {
+            k: (_json_float(v) if k.startswith("epsilon_") else v)
+            for k, v in row.items()
+        }
+        for row in out["epsilon_table"]
+    ]
+    return json.dumps(out, allow_nan=False)
+
+
+def main(argv=None, stdout=None, stderr=None):
+    """Runs the CLI; returns the exit code (0 ok, 2 bad input)."""
+    stdout = sys.stdout if stdout is None else stdout
+    stderr = sys.stderr if stderr is None else stderr
+    try:
+        args = build_parser().parse_args(argv)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = compute(args)
+    except (_UsageError, ValueError) as e:
+        message = " ".join(str(e).split())
+        print(f"error: {message}", file=stderr)
+        return 2
+    seen = []
+    for w in caught:
+        text = str(w.message)
+        if text not in seen:
+            seen.append(text)
+            print(f"warning: {text}", file=stderr)
+    result["warnings"] = seen
+    if args.json:
+        print(_to_json(result), file=stdout)
+    else:
+        print(format_text(result), file=stdout)
+    return 0

@@ -1,0 +1,243 @@
+"""`PrivacyLedger`: the privacy state a training checkpoint carries."""
+
+import json
+import math
+
+from tfdp.privacy import accounting
+from tfdp.privacy import calibration
+
+_FORMAT_VERSION = 1
+_FIELDS = (
+    "noise_multiplier",
+    "sampling_rate",
+    "steps",
+    "sampler",
+    "delta",
+    "accountant",
+    "dataset_size",
+    "batch_size",
+)
+
+
+class PrivacyLedger:
+    """Serialisable record of a DP-SGD run's privacy parameters and progress.
+
+    The ledger holds what is needed to recompute epsilon at any time: the
+    noise multiplier, how batches are sampled, delta, the accountant, and
+    the number of optimizer steps taken so far. It is plain data (no
+    TensorFlow), and `to_json` / `from_json` round-trip it exactly, so a
+    trainer can store it beside every checkpoint and resume counting.
+
+    Example:
+
+    ```python
+    ledger = PrivacyLedger(
+        1.3127, dataset_size=1281167, batch_size=65536, delta=1e-6
+    )
+    while ledger.epsilon_after(ledger.steps + 1) <= 10.0:
+        train_step()
+        ledger.record_step()
+    ```
+
+    Args:
+        noise_multiplier: float. Noise std over the clipping norm on the
+            logical batch, `>= 0`.
+        sampling_rate: float or None. Poisson rate `q` in `(0, 1]`; derived
+            as `batch_size / dataset_size` when `None`. Defaults to `None`.
+        delta: float. Target delta in `(0, 1)`. Required, keyword-only.
+        steps: int. Optimizer steps already taken. Defaults to `0`.
+        sampler: str. `"poisson"` or `"shuffle"` (fixed-size batches; see
+            `tfdp.privacy.epsilon`). Defaults to `"poisson"`.
+        accountant: str. `"rdp"` or `"pld"`. Defaults to `"rdp"`.
+        dataset_size: int or None. `N`. Required for `sampler="shuffle"`.
+            Defaults to `None`.
+        batch_size: int or None. `B`. Required for `sampler="shuffle"`.
+            Defaults to `None`.
+    """
+
+    def __init__(
+        self,
+        noise_multiplier,
+        sampling_rate=None,
+        *,
+        delta,
+        steps=0,
+        sampler="poisson",
+        accountant="rdp",
+        dataset_size=None,
+        batch_size=None,
+    ):
+        sigma, steps, delta, q, n, b = accounting._validate_all(
+            noise_multiplier,
+            steps,
+            delta,
+            sampling_rate,
+            dataset_size,
+            batch_size,
+            accountant,
+            accounting.validate_sampling(sampler, name="sampler"),
+        )
+        accounting.check_delta_against_dataset(delta, n)
+        self._noise_multiplier = sigma
+        self._sampling_rate = q
+        self._delta = delta
+        self._sampler = sampler
+        self._accountant = accountant
+        self._dataset_size = n
+        self._batch_size = b
+        self._steps = steps
+
+    # The parameters are fixed for a ledger's life (changing them would make
+    # the accumulated steps mean something else); only `steps` moves.
+    noise_multiplier = property(lambda self: self._noise_multiplier)
+    sampling_rate = property(lambda self: self._sampling_rate)
+    delta = property(lambda self: self._delta)
+    sampler = property(lambda self: self._sampler)
+    accountant = property(lambda self: self._accountant)
+    dataset_size = property(lambda self: self._dataset_size)
+    batch_size = property(lambda self: self._batch_size)
+    steps = property(lambda self: self._steps)
+
+    def record_step(self, n=1):
+        """Records `n` more optimizer steps and returns the new total.
+
+        Args:
+            n: int. Number of steps taken, `>= 0`. Defaults to `1`.
+
+        Returns:
+            The total number of steps, an int.
+        """
+        n = accounting.validate_steps(n, name="n")
+        self._steps += n
+        return self._steps
+
+    def _epsilon(self, steps):
+        return accounting._epsilon(
+            self._noise_multiplier,
+            steps,
+            self._delta,
+            self._sampling_rate,
+            self._dataset_size,
+            self._batch_size,
+            self._accountant,
+            self._sampler,
+        )
+
+    def epsilon(self):
+        """Returns epsilon after the steps recorded so far."""
+        return self._epsilon(self._steps)
+
+    def epsilon_after(self, steps):
+        """Returns epsilon if `steps` steps in total had been taken.
+
+        Call with `ledger.steps + 1` before a step to stop before it would
+        overspend a budget.
+
+        Args:
+            steps: int. Total number of steps, `>= 0`.
+
+        Returns:
+            Epsilon, a float.
+        """
+        return self._epsilon(accounting.validate_steps(steps))
+
+    def max_steps_within(self, target_epsilon):
+        """Returns the largest total step count with epsilon `<= target`.
+
+        Args:
+            target_epsilon: float. Privacy budget, `>= 0`.
+
+        Returns:
+            The number of steps (in total, not remaining), an int.
+        """
+        target = calibration._validate_budget(target_epsilon)
+        return calibration._max_steps_within(target, self._epsilon)
+
+    def to_dict(self):
+        """Returns the ledger as a dict of JSON-compatible values."""
+        out = {"version": _FORMAT_VERSION}
+        out.update({name: getattr(self, name) for name in _FIELDS})
+        return out
+
+    @classmethod
+    def from_dict(cls, config):
+        """Rebuilds a ledger from `to_dict()` output, validating it.
+
+        Args:
+            config: dict. As returned by `to_dict`.
+
+        Returns:
+            A `PrivacyLedger`.
+        """
+        if not isinstance(config, dict):
+            raise ValueError(
+                "Ledger config must be a dict. "
+                f"Received: config={type(config).__name__}"
+            )
+        config = dict(config)
+        version = config.pop("version", _FORMAT_VERSION)
+        if version != _FORMAT_VERSION:
+            raise ValueError(
+                f"Unsupported ledger version (expected {_FORMAT_VERSION}). "
+                f"Received: version={version!r}"
+            )
+        unknown = sorted(set(config) - set(_FIELDS))
+        missing = sorted(
+            {"noise_multiplier", "delta", "steps"} - set(config)
+        )
+        if unknown or missing:
+            raise ValueError(
+                "Ledger config has unknown or missing keys. "
+                f"Received: unknown={unknown}, missing={missing}"
+            )
+        noise_multiplier = config.pop("noise_multiplier")
+        sampling_rate = config.pop("sampling_rate", None)
+        return cls(noise_multiplier, sampling_rate, **config)
+
+    def to_json(self):
+        """Returns the ledger as a JSON string (exact float round-trip)."""
+        return json.dumps(self.to_dict(), sort_keys=True, allow_nan=False)
+
+    @classmethod
+    def from_json(cls, text):
+        """Rebuilds a ledger from `to_json()` output.
+
+        Args:
+            text: str or bytes. The JSON text.
+
+        Returns:
+            A `PrivacyLedger`.
+        """
+        try:
+            config = json.loads(text)
+        except (TypeError, json.JSONDecodeError) as e:
+            raise ValueError(
+                f"Ledger JSON could not be parsed ({e}). Received: text={text!r:.80}"
+            ) from None
+        return cls.from_dict(config)
+
+    def __eq__(self, other):
+        if not isinstance(other, PrivacyLedger):
+            return NotImplemented
+        return self.to_dict() == other.to_dict()
+
+    # Mutable (steps advance), so not hashable.
+    __hash__ = None
+
+    def __repr__(self):
+        args = ", ".join(
+            f"{name}={getattr(self, name)!r}"
+            for name in _FIELDS
+            if getattr(self, name) is not None
+        )
+        return f"PrivacyLedger({args})"
+
+    def __str__(self):
+        eps = self.epsilon()
+        shown = "inf" if math.isinf(eps) else f"{eps:.4f}"
+        return (
+            f"PrivacyLedger(steps={self._steps}, epsilon={shown} at "
+            f"delta={self._delta:g}, sigma={self._noise_multiplier:g}, "
+            f"q={self._sampling_rate:.6g}, {self._sampler}, "
+            f"{self._accountant})"
+        )

