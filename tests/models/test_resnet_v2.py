@@ -1,5 +1,6 @@
 import keras
 import pytest
+import tensorflow as tf
 
 from tests.models.model_test_case import ModelTestCase
 from tfdp import models
@@ -161,3 +162,15 @@ class ResNetV2Test(ModelTestCase):
             models.resnet_v2(18, 10, group_strides=(1, 2))
         with pytest.raises(ValueError, match="num_classes=0"):
             models.resnet_v2(18, 0)
+
+
+class ResNetV2GradientTest(ModelTestCase):
+    def test_every_variable_gets_a_gradient(self):
+        model = models.resnet18(4, (16, 16, 3), width=8, weight_standardization=True)
+        x = self.random_inputs(model)
+        with tf.GradientTape() as tape:
+            loss = keras.ops.mean(model(x, training=True) ** 2)
+        grads = tape.gradient(loss, model.trainable_variables)
+        self.assertLen(grads, len(model.trainable_variables))
+        for variable, grad in zip(model.trainable_variables, grads):
+            self.assertIsNotNone(grad, variable.path)

@@ -49,6 +49,11 @@ class SmallConvnetTest(ModelTestCase):
         self.assertEqual(model.get_layer("flatten").output.shape, (None, 512))
         self.assertEqual(model.get_layer("conv1_norm").groups, 4)
 
+    def test_8x8_digits(self):
+        model = models.small_convnet(input_shape=(8, 8, 1))
+        self.assertEqual(model.get_layer("conv2").padding, "same")
+        self.run_model_checks(model, (2, 10), param_count=10_746, save=False)
+
     def test_configurable(self):
         model = models.small_convnet(filters=(8, 16), dense_units=16, activation="relu", groups=None)
         self.assertFalse(any(isinstance(l, keras.layers.GroupNormalization) for l in model.layers))

@@ -1,6 +1,5 @@
 import os
 
-import keras
 import numpy as np
 
 from tests.models.model_test_case import ModelTestCase
