@@ -6,6 +6,8 @@ images float32 `[P, H, W, C]`, labels int32 `[P]`, weights float32 `[P]`
 physical batch of a logical step.
 """
 
+import inspect
+
 import gin
 import tensorflow as tf
 
@@ -35,6 +37,18 @@ def _default_preprocess(source, train):
     if train:
         return preprocess
     return lambda image: preprocess(image)
+
+
+def _takes_seed(fn):
+    """Whether a training preprocess_fn accepts the per-example seed."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    positional = [
+        p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
 
 
 def _check_source(source, sampling):
@@ -159,8 +173,10 @@ def make_train_pipeline(
         seed: int. Seed of sampling and augmentation.
         preprocess_fn: callable, optional. `fn(image, seed) -> image`
             returning float32 with a static shape (see
-            `tfdp.data.preprocessing`). Defaults to `None` (decode if
-            needed and scale to [0, 1]).
+            `tfdp.data.preprocessing`); `seed` is an int64 `[2]` stateless
+            seed for augmentations. A one-argument `fn(image)` is also
+            accepted. Defaults to `None` (decode if needed and scale to
+            [0, 1]).
         input_context: `tf.distribute.InputContext`, optional. Produces this
             host's share: for Poisson, sampled index number i goes to host
             `i % num_hosts` and every host pads to the same number of
@@ -187,6 +203,14 @@ def make_train_pipeline(
         )
     if preprocess_fn is None:
         preprocess_fn = _default_preprocess(source, train=True)
+    elif not _takes_seed(preprocess_fn):
+        # Deterministic preprocessing written as fn(image) is accepted too.
+        image_fn = preprocess_fn
+
+        def preprocess_fn(image, seed):
+            del seed
+            return image_fn(image)
+
     kwargs = dict(
         num_steps=num_steps,
         start_step=start_step,

@@ -197,7 +197,7 @@ def cifar_train_preprocess(padding=4, mean=None, std=None):
     def preprocess(image, seed):
         image = to_float(decode(image, 3))
         crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
-        shape = image.shape
+        shape = tf.shape(image)
         padded = tf.pad(image, [[padding, padding], [padding, padding], [0, 0]])
         image = tf.image.stateless_random_crop(padded, shape, seed=crop_seed)
         image = tf.image.stateless_random_flip_left_right(image, flip_seed)

