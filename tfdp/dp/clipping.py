@@ -174,6 +174,8 @@ def _naive(model, loss_fn, x, y, weights, clip, decay, training):
         grads = tape.gradient(
             loss, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO
         )
+        # Densify: the norm of IndexedSlices values miscounts repeated ids.
+        grads = [tf.convert_to_tensor(g) for g in grads]
         norm = tf.linalg.global_norm(grads)
         coeff = clip_coefficients(norm[None], clip, mask[i : i + 1])[0]
         sums = [s + tf.math.multiply_no_nan(g, coeff) for s, g in zip(sums, grads)]
@@ -277,7 +279,10 @@ def _tapped(model, loss_fn, x, y, weights, clip, decay, training, *, method):
             )
         else:
             own = layer_taps.own_trainable_variables(layer)
-            per_example = layer_grads.generic_per_example_grads(layer, group, grads, own)
+            if kind == layer_taps.KIND_NORM:
+                per_example = layer_grads.norm_per_example_grads(layer, group, grads, own)
+            else:
+                per_example = layer_grads.generic_per_example_grads(layer, group, grads, own)
             per_example = [
                 g + tf.reshape(wd_per_example, [-1] + [1] * len(v.shape)) * v
                 if decay.applies(v) else g

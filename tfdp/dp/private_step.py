@@ -94,7 +94,7 @@ class PrivateTrainStep:
     def _accumulate(self, x, y, weights):
         grads, norms = self._grad_sum(x, y, weights)
         for acc, g in zip(self.accumulators, grads):
-            acc.assign_add(g)
+            acc.assign_add(tf.convert_to_tensor(g))
         real = tf.cast(weights > 0, tf.float32)
         finite = tf.cast(tf.math.is_finite(norms), tf.float32)
         safe_norms = tf.where(tf.math.is_finite(norms), norms, tf.zeros_like(norms))

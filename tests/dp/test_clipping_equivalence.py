@@ -1,0 +1,152 @@
+"""Every clipping method gives the naive loop's clipped sum and norms."""
+
+from absl.testing import parameterized
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tests.dp import dp_test_case
+from tfdp import dp
+from tfdp import models
+
+ALL_METHODS = ("vectorized", "ghost", "mixed", "bk", "auto")
+
+
+def _images(batch, size, channels=3, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(batch, size, size, channels)).astype("float32")
+    x[min(1, batch - 1)] *= 5.0  # Spread the norms so that C at the median clips some.
+    return tf.constant(x)
+
+
+def _weights(batch):
+    w = np.ones(batch, "float32")
+    w[2] = 0.0  # Padding.
+    w[3] = 2.0  # A weighted example.
+    return tf.constant(w)
+
+
+class ClippingEquivalenceTest(dp_test_case.DPTestCase, parameterized.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        keras.utils.set_random_seed(1)
+
+    def _check_image_model(self, model, size, batch=6, weight_decay=0.0, methods=ALL_METHODS):
+        x = _images(batch, size)
+        y = tf.constant(np.arange(batch) % model.output_shape[-1], tf.int32)
+        self.assert_methods_match_naive(
+            model, dp_test_case.per_example_xent, x, y, methods,
+            sample_weight=_weights(batch), weight_decay=weight_decay,
+        )
+
+    def test_resnet18_gn_32px(self):
+        model = models.resnet18(num_classes=10, input_shape=(32, 32, 3))
+        self._check_image_model(model, 32)
+
+    def test_narrow_resnet50_gn_bottlenecks(self):
+        model = models.resnet_v2(50, num_classes=5, input_shape=(16, 16, 3), width=8, groups=4)
+        self._check_image_model(model, 16, batch=4)
+
+    def test_vgg_style(self):
+        model = models.vgg_cifar(num_classes=10, input_shape=(16, 16, 3), group_norm=True, groups=8)
+        self._check_image_model(model, 16)
+
+    def test_small_convnet_with_weight_decay(self):
+        model = models.small_convnet(num_classes=10, input_shape=(28, 28, 1))
+        x = _images(6, 28, channels=1)
+        y = tf.constant([0, 1, 2, 3, 4, 5])
+        self.assert_methods_match_naive(
+            model, dp_test_case.per_example_xent, x, y, ALL_METHODS,
+            sample_weight=_weights(6), weight_decay=0.05,
+        )
+
+    @parameterized.named_parameters(
+        ("stride2_same_bias", dict(strides=2, padding="same")),
+        ("stride3_valid_nobias", dict(strides=3, padding="valid", use_bias=False)),
+        ("dilated_valid", dict(dilation_rate=2, padding="valid")),
+        ("dilated_same", dict(dilation_rate=2, padding="same")),
+        ("rect_kernel_stride", dict(kernel_size=(3, 1), strides=(2, 1), padding="same")),
+    )
+    def test_conv_geometries(self, conv_kwargs):
+        conv_kwargs = {"kernel_size": 3, **conv_kwargs}
+        inp = keras.Input((11, 11, 3))
+        h = keras.layers.Conv2D(6, activation="relu", **conv_kwargs)(inp)
+        h = keras.layers.GroupNormalization(3, epsilon=1e-5)(h)
+        h = keras.layers.Conv2D(4, 1)(h)
+        h = keras.layers.GlobalAveragePooling2D()(h)
+        model = keras.Model(inp, keras.layers.Dense(3)(h))
+        x = _images(6, 11)
+        y = tf.constant([0, 1, 2, 0, 1, 2])
+        self.assert_methods_match_naive(
+            model, dp_test_case.per_example_xent, x, y, ALL_METHODS,
+            sample_weight=_weights(6), weight_decay=0.01,
+        )
+
+    def test_dense_embedding_layernorm_shared_layer(self):
+        model = dp_test_case.text_model()
+        rng = np.random.default_rng(0)
+        x = tf.constant(rng.integers(0, 20, size=(6, 7)), tf.int32)
+        x = tf.tensor_scatter_nd_update(x, [[0, 1]], [x[0, 0]])  # A repeated token.
+        y = tf.constant([0, 1, 2, 0, 1, 2])
+        self.assert_methods_match_naive(
+            model, dp_test_case.per_example_xent, x, y, ALL_METHODS, sample_weight=_weights(6),
+        )
+
+    def test_unknown_trainable_layer_falls_back_per_layer(self):
+
+        class Scale(keras.layers.Layer):
+            def build(self, shape):
+                self.scale = self.add_weight(shape=(shape[-1],), initializer="ones")
+
+            def call(self, x):
+                return x * self.scale + tf.sin(x)
+
+        inp = keras.Input((8, 8, 2))
+        h = keras.layers.Conv2D(4, 3)(inp)
+        h = Scale()(h)
+        h = keras.layers.Flatten()(h)
+        model = keras.Model(inp, keras.layers.Dense(3)(h))
+        p = dp.plan(model, (8, 8, 2), 6)
+        self.assertEqual([l.kind for l in p.layers], ["conv2d", "generic", "dense"])
+        x = _images(6, 8, channels=2)
+        y = tf.constant([0, 1, 2, 0, 1, 2])
+        self.assert_methods_match_naive(
+            model, dp_test_case.per_example_xent, x, y, ALL_METHODS, sample_weight=_weights(6),
+        )
+
+    def test_padding_contributes_nothing(self):
+        model = models.small_convnet(num_classes=10, input_shape=(28, 28, 1))
+        x = _images(4, 28, channels=1)
+        y = tf.constant([1, 2, 3, 4])
+        garbage = tf.random.normal([3, 28, 28, 1]) * 100.0
+        x_padded = tf.concat([x, garbage], 0)
+        y_padded = tf.concat([y, [0, 0, 0]], 0)
+        w_padded = tf.constant([1, 1, 1, 1, 0, 0, 0], tf.float32)
+        for method in ("naive", "vectorized", "ghost", "mixed", "bk"):
+            ref, ref_norms = dp.clipped_grad_sum(
+                model, dp_test_case.per_example_xent, x, y, l2_norm_clip=0.5, method=method,
+                weight_decay=0.01,
+            )
+            got, norms = dp.clipped_grad_sum(
+                model, dp_test_case.per_example_xent, x_padded, y_padded, l2_norm_clip=0.5,
+                method=method, sample_weight=w_padded, weight_decay=0.01,
+            )
+            self.assertAllClose(ref_norms, norms[:4], rtol=1e-5)
+            self.assertAllEqual(norms[4:], [0.0, 0.0, 0.0])
+            for r, g in zip(ref, got):
+                self.assertAllClose(r, g, rtol=1e-5, atol=1e-6)
+
+    def test_clipped_examples_have_norm_at_most_c(self):
+        model = models.small_convnet(num_classes=10, input_shape=(28, 28, 1))
+        x = _images(1, 28, channels=1) * 10.0
+        grads, norms = dp.clipped_grad_sum(
+            model, dp_test_case.per_example_xent, x, tf.constant([3]), l2_norm_clip=0.01,
+            method="bk",
+        )
+        self.assertGreater(float(norms[0]), 0.01)
+        self.assertAllClose(float(tf.linalg.global_norm(grads)), 0.01, rtol=1e-4)
+
+
+if __name__ == "__main__":
+    tf.test.main()

@@ -1,0 +1,198 @@
+"""Noise std σ·C (statistically), seeds, virtual steps, plan, errors."""
+
+import logging
+
+import keras
+import numpy as np
+from scipy import stats
+import tensorflow as tf
+
+from tests.dp import dp_test_case
+from tfdp import dp
+from tfdp import models
+
+
+def _noise_std_test(samples, stddev, alpha=1e-6):
+    """Two-sided chi-square test that `samples` ~ N(0, stddev²). True = accept."""
+    n = samples.size
+    statistic = float(np.sum(np.square(samples))) / stddev**2
+    p_low = stats.chi2.cdf(statistic, n)
+    return min(p_low, 1.0 - p_low) * 2 > alpha
+
+
+class NoiseTest(tf.test.TestCase):
+
+    def test_noise_std_is_sigma_times_c(self):
+        zeros = [tf.zeros([300, 400]), tf.zeros([50_000])]
+        sigma, clip = 1.3, 0.7
+        noisy = dp.add_noise(zeros, l2_norm_clip=clip, noise_multiplier=sigma,
+                             seed=dp.step_seed(0, 5))
+        samples = np.concatenate([t.numpy().ravel() for t in noisy])
+        self.assertTrue(_noise_std_test(samples, sigma * clip))
+        # The same test rejects 0.9x and 1.1x of the true std: it has power.
+        self.assertFalse(_noise_std_test(samples, 0.9 * sigma * clip))
+        self.assertFalse(_noise_std_test(samples, 1.1 * sigma * clip))
+        self.assertLess(abs(float(np.mean(samples))), 5 * sigma * clip / np.sqrt(samples.size))
+
+    def test_noise_is_added_to_the_gradients(self):
+        grads = [tf.fill([1000], 3.0)]
+        noisy = dp.add_noise(grads, l2_norm_clip=1.0, noise_multiplier=1.0, seed=dp.step_seed(1, 1))
+        self.assertAllClose(np.mean(noisy[0].numpy()), 3.0, atol=0.2)
+        self.assertGreater(np.std(noisy[0].numpy()), 0.8)
+
+    def test_seeds_reproducible_and_distinct_per_step(self):
+        g = [tf.zeros([64])]
+        a = dp.add_noise(g, l2_norm_clip=1.0, noise_multiplier=1.0, seed=dp.step_seed(7, 3))[0]
+        b = dp.add_noise(g, l2_norm_clip=1.0, noise_multiplier=1.0, seed=dp.step_seed(7, 3))[0]
+        c = dp.add_noise(g, l2_norm_clip=1.0, noise_multiplier=1.0, seed=dp.step_seed(7, 4))[0]
+        d = dp.add_noise(g, l2_norm_clip=1.0, noise_multiplier=1.0, seed=dp.step_seed(8, 3))[0]
+        self.assertAllEqual(a, b)
+        self.assertNotAllClose(a, c)
+        self.assertNotAllClose(a, d)
+
+    def test_zero_sigma_adds_nothing(self):
+        g = [tf.ones([5])]
+        self.assertAllEqual(dp.add_noise(g, l2_norm_clip=1.0, noise_multiplier=0.0, seed=[0, 0])[0], g[0])
+
+
+def _model(seed=0):
+    keras.utils.set_random_seed(seed)
+    return models.small_convnet(num_classes=10, input_shape=(28, 28, 1))
+
+
+def _batch(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return (tf.constant(rng.normal(size=(n, 28, 28, 1)).astype("float32")),
+            tf.constant(rng.integers(0, 10, n), tf.int32))
+
+
+class PrivateTrainStepTest(tf.test.TestCase):
+
+    def _weights_after(self, batches, *, sigma=0.0, clip=1e6, method="bk", private=True, seed=0):
+        model = _model()
+        optimizer = keras.optimizers.SGD(0.1)
+        if private:
+            step = dp.PrivateTrainStep(
+                model, optimizer, dp_test_case.per_example_xent, l2_norm_clip=clip,
+                noise_multiplier=sigma, expected_batch_size=8.0, method=method, seed=seed,
+            )
+        else:
+            step = dp.NonPrivateTrainStep(
+                model, optimizer, dp_test_case.per_example_xent, expected_batch_size=8.0
+            )
+        for x, y in batches:
+            step.accumulate(x, y, tf.ones([x.shape[0]]))
+        step.apply()
+        self.assertEqual(int(optimizer.iterations), 1)
+        return [v.numpy() for v in model.trainable_variables]
+
+    def test_virtual_steps_equal_one_big_batch_at_sigma_zero(self):
+        x, y = _batch(8)
+        whole = self._weights_after([(x, y)])
+        halves = self._weights_after([(x[:4], y[:4]), (x[4:], y[4:])])
+        for a, b in zip(whole, halves):
+            self.assertAllClose(a, b, rtol=1e-5, atol=1e-6)
+
+    def test_private_step_with_huge_clip_and_no_noise_is_nonprivate_step(self):
+        x, y = _batch(8)
+        private = self._weights_after([(x, y)])
+        plain = self._weights_after([(x, y)], private=False)
+        for a, b in zip(private, plain):
+            self.assertAllClose(a, b, rtol=1e-5, atol=1e-6)
+
+    def test_noise_added_once_per_logical_step(self):
+        # With σ huge the clipped sum is negligible: the update is lr·noise/B, and
+        # its std must be lr·σ·C/B however many physical batches there are.
+        x, y = _batch(8)
+        before = [v.numpy() for v in _model().trainable_variables]
+        sigma, clip, lr, b = 100.0, 1e-2, 0.1, 8.0
+        for batches in ([(x, y)], [(x[:2], y[:2]), (x[2:4], y[2:4]), (x[4:], y[4:])]):
+            after = self._weights_after(batches, sigma=sigma, clip=clip)
+            delta = np.concatenate([(a - w).ravel() for a, w in zip(after, before)])
+            self.assertTrue(_noise_std_test(delta, lr * sigma * clip / b))
+
+
+class PlanAndErrorsTest(tf.test.TestCase):
+
+    def test_plan_follows_the_layerwise_rule(self):
+        model = models.resnet18(num_classes=10, input_shape=(32, 32, 3))
+        p = dp.plan(model, (32, 32, 3), 32, method="mixed")
+        text = str(p)
+        self.assertIn("stem", text)
+        for layer in p.layers:
+            if layer.kind == "conv2d":
+                expected = "ghost" if 2 * layer.t**2 < layer.p * layer.d else "instantiate"
+                self.assertEqual(layer.mode, expected, layer.name)
+            if layer.kind == "generic":
+                self.assertEqual(layer.mode, "instantiate")
+        modes = {l.mode for l in p.layers if l.kind == "conv2d"}
+        self.assertEqual(modes, {"ghost", "instantiate"})  # Truly mixed at 32 px.
+        self.assertGreater(p.memory_bytes, 0)
+
+    def test_batchnorm_raises_and_points_to_converter(self):
+        inp = keras.Input((8, 8, 3))
+        h = keras.layers.Conv2D(4, 3)(inp)
+        h = keras.layers.BatchNormalization(name="bn_here")(h)
+        model = keras.Model(inp, keras.layers.Dense(2)(keras.layers.Flatten()(h)))
+        for method in ("auto", "bk", "naive", "vectorized"):
+            with self.assertRaisesRegex(ValueError, "bn_here.*replace_batchnorm"):
+                dp.clipped_grad_sum(model, dp_test_case.per_example_xent, tf.zeros([2, 8, 8, 3]),
+                                    tf.constant([0, 1]), l2_norm_clip=1.0, method=method)
+
+    def test_bad_arguments(self):
+        model = _model()
+        x, y = _batch(2)
+        with self.assertRaisesRegex(ValueError, "l2_norm_clip"):
+            dp.clipped_grad_sum(model, dp_test_case.per_example_xent, x, y, l2_norm_clip=0.0)
+        with self.assertRaisesRegex(ValueError, "method"):
+            dp.clipped_grad_sum(model, dp_test_case.per_example_xent, x, y, l2_norm_clip=1.0,
+                                method="fast")
+        with self.assertRaisesRegex(ValueError, "noise_multiplier"):
+            dp.PrivateTrainStep(model, keras.optimizers.SGD(0.1), dp_test_case.per_example_xent,
+                                l2_norm_clip=1.0, noise_multiplier=-1.0, expected_batch_size=2)
+
+
+class VectorizedHasNoWhileLoopTest(tf.test.TestCase):
+
+    def _captured_warnings(self, fn):
+        records = []
+
+        class Handler(logging.Handler):
+            def emit(self, record):
+                records.append(record.getMessage())
+
+        handler = Handler(level=logging.WARNING)
+        logger = logging.getLogger("tensorflow")
+        logger.addHandler(handler)
+        try:
+            fn()
+        finally:
+            logger.removeHandler(handler)
+        return [r for r in records if "while_loop" in r or "Fix that" in r]
+
+    def test_capture_detects_the_plain_vectorized_map_pitfall(self):
+        kernel = tf.Variable(tf.random.normal([3, 3, 2, 4]))
+
+        def per_example(x):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tf.nn.conv2d(x[None], kernel, 1, "SAME"))
+            return tape.gradient(loss, kernel)
+
+        found = self._captured_warnings(
+            lambda: tf.vectorized_map(per_example, tf.random.normal([3, 6, 6, 2]))
+        )
+        self.assertNotEmpty(found)  # Else the test below could not fail.
+
+    def test_vectorized_method_uses_no_while_loop(self):
+        model = models.resnet18(num_classes=10, input_shape=(16, 16, 3))
+        x = tf.random.normal([3, 16, 16, 3])
+        found = self._captured_warnings(
+            lambda: dp.clipped_grad_sum(model, dp_test_case.per_example_xent, x,
+                                        tf.constant([0, 1, 2]), l2_norm_clip=1.0,
+                                        method="vectorized")
+        )
+        self.assertEmpty(found)
+
+
+if __name__ == "__main__":
+    tf.test.main()
