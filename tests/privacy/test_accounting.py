@@ -193,9 +193,19 @@ class EdgeCasesTest(parameterized.TestCase):
                 sampling="shuffle",
             )
 
-    def test_shuffle_needs_sizes(self):
-        with self.assertRaisesRegex(ValueError, "dataset_size.*batch_size"):
-            privacy.epsilon(1.0, 10, 1e-5, sampling_rate=0.1, sampling="shuffle")
+    @parameterized.parameters((60_000, 256), (1_281_167, 65_536), (10, 10))
+    def test_shuffle_rate_only_matches_sizes(self, n, b):
+        # The without-replacement bound sees N and B only through B / N.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            by_sizes = privacy.epsilon(
+                2.0, 50, 1e-6, dataset_size=n, batch_size=b, sampling="shuffle"
+            )
+        by_rate = privacy.epsilon(
+            2.0, 50, 1e-6, sampling_rate=b / n, sampling="shuffle"
+        )
+        self.assertEqual(by_rate, by_sizes)
+        self.assertEqual(by_rate, _direct_rdp_shuffle(2.0, 50, n, b, 1e-6))
 
 
 class MonotonicityTest(parameterized.TestCase):
@@ -250,9 +260,10 @@ class MonotonicityTest(parameterized.TestCase):
         e = lambda s, t, q: privacy.epsilon(
             s, t, 1e-5, sampling_rate=q, accountant="pld"
         )
-        self.assertLess(e(1.0, 10, 0.01), e(1.0, 40, 0.01))
-        self.assertLess(e(1.0, 20, 0.01), e(1.0, 20, 0.05))
-        self.assertGreater(e(1.0, 20, 0.01), e(2.0, 20, 0.01))
+        base = e(2.0, 20, 0.01)
+        self.assertLess(base, e(2.0, 40, 0.01))
+        self.assertLess(base, e(2.0, 20, 0.05))
+        self.assertGreater(base, e(3.0, 20, 0.01))
 
     def test_smaller_delta_more_epsilon(self):
         e = [
@@ -273,7 +284,9 @@ class ShuffleAccountingTest(parameterized.TestCase):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             poisson = privacy.epsilon(sigma, steps, 1e-6, **kw)
-            shuffle = privacy.epsilon(sigma, steps, 1e-6, sampling="shuffle", **kw)
+            shuffle = privacy.epsilon(
+                sigma, steps, 1e-6, sampling="shuffle", **kw
+            )
         self.assertGreater(shuffle, poisson)
 
     def test_full_batch_uses_replace_one_sensitivity_2c(self):
@@ -394,7 +407,10 @@ class ValidationTest(parameterized.TestCase):
         ("zero_n", dict(dataset_size=0, batch_size=1)),
         ("nothing", dict()),
         ("only_n", dict(dataset_size=10)),
-        ("inconsistent", dict(sampling_rate=0.5, dataset_size=10, batch_size=1)),
+        (
+            "inconsistent",
+            dict(sampling_rate=0.5, dataset_size=10, batch_size=1),
+        ),
     )
     def test_batch_description_errors(self, kwargs):
         with self.assertRaisesRegex(ValueError, "Received: "):
@@ -414,18 +430,20 @@ class ValidationTest(parameterized.TestCase):
 class EpsilonTableTest(absltest.TestCase):
     def test_rows(self):
         rows = privacy.epsilon_table(
-            1.1, 300, sampling_rate=0.01, accountant="both"
+            1.5, 300, sampling_rate=0.01, accountant="both"
         )
-        self.assertEqual([r["delta"] for r in rows], list(privacy.DEFAULT_DELTAS))
+        direct = dp_pld.PLDAccountant()
+        direct.compose(privacy.make_dp_event(1.5, 300, sampling_rate=0.01))
+        self.assertEqual(
+            [r["delta"] for r in rows], list(privacy.DEFAULT_DELTAS)
+        )
         for r in rows:
             self.assertEqual(
                 r["epsilon_rdp"],
-                privacy.epsilon(1.1, 300, r["delta"], sampling_rate=0.01),
+                _direct_rdp_poisson(1.5, 300, 0.01, r["delta"]),
             )
             self.assertAlmostEqual(
-                r["epsilon_pld"],
-                _direct_pld_poisson(1.1, 300, 0.01, r["delta"]),
-                places=9,
+                r["epsilon_pld"], direct.get_epsilon(r["delta"]), places=9
             )
             self.assertEqual(r["steps"], 300)
             self.assertEqual(r["sampling"], "poisson")

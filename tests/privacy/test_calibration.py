@@ -13,18 +13,20 @@ class CalibrateNoiseTest(parameterized.TestCase):
         (1.0, 1e-5, 1000, 0.01, "rdp", "poisson"),
         (8.0, 1e-6, 2000, 0.05, "rdp", "poisson"),
         (3.0, 1e-5, 100, 0.01, "rdp", "shuffle"),
-        (2.0, 1e-5, 30, 0.02, "pld", "poisson"),
+        (0.5, 1e-5, 10, 0.02, "pld", "poisson"),
     )
     def test_round_trip(self, target, delta, steps, q, accountant, sampling):
         tolerance = 1e-3
         kw = dict(
             steps=steps,
-            dataset_size=200_000,
-            batch_size=int(q * 200_000),
+            dataset_size=50_000,
+            batch_size=int(q * 50_000),
             accountant=accountant,
             sampling=sampling,
         )
-        sigma = privacy.calibrate_noise(target, delta, tolerance=tolerance, **kw)
+        sigma = privacy.calibrate_noise(
+            target, delta, tolerance=tolerance, **kw
+        )
         eps = lambda s: privacy.epsilon(
             s,
             steps,
@@ -64,7 +66,9 @@ class CalibrateNoiseTest(parameterized.TestCase):
         self.assertAlmostEqual(ours, theirs, delta=2e-4 * theirs)
 
     def test_shuffle_needs_more_noise_than_poisson(self):
-        kw = dict(steps=200, dataset_size=10_000, batch_size=100)
+        kw = dict(
+            steps=200, dataset_size=50_000, batch_size=500, tolerance=1e-2
+        )
         poisson = privacy.calibrate_noise(4.0, 1e-5, **kw)
         shuffle = privacy.calibrate_noise(4.0, 1e-5, sampling="shuffle", **kw)
         self.assertGreater(shuffle, poisson)
@@ -120,7 +124,9 @@ class MaxStepsWithinTest(parameterized.TestCase):
         (3.0, 2.0, 0.01, "shuffle"),
     )
     def test_boundary(self, target, sigma, q, sampling):
-        kw = dict(dataset_size=200_000, batch_size=int(q * 200_000), sampling=sampling)
+        kw = dict(
+            dataset_size=50_000, batch_size=int(q * 50_000), sampling=sampling
+        )
         t = privacy.max_steps_within(target, sigma, 1e-5, **kw)
         self.assertGreater(t, 0)
         self.assertLessEqual(privacy.epsilon(sigma, t, 1e-5, **kw), target)

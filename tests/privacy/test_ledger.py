@@ -161,7 +161,8 @@ class PrivacyLedgerTest(parameterized.TestCase):
         self.assertEqual(ledger.steps, t)
 
     def test_max_steps_within_zero_noise(self):
-        self.assertEqual(_ledger(noise_multiplier=0.0).max_steps_within(10.0), 0)
+        ledger = _ledger(noise_multiplier=0.0)
+        self.assertEqual(ledger.max_steps_within(10.0), 0)
 
     @parameterized.named_parameters(
         ("negative_sigma", dict(noise_multiplier=-1.0), "noise_multiplier"),
@@ -175,16 +176,19 @@ class PrivacyLedgerTest(parameterized.TestCase):
             dict(sampler="shuffle", accountant="pld"),
             "accountant",
         ),
-        (
-            "shuffle_without_sizes",
-            dict(dataset_size=None, batch_size=None, sampling_rate=0.01,
-                 sampler="shuffle"),
-            "dataset_size",
-        ),
     )
     def test_constructor_validation(self, overrides, name):
         with self.assertRaisesRegex(ValueError, f"Received: .*{name}="):
             _ledger(**overrides)
+
+    def test_shuffle_with_rate_only(self):
+        by_rate = PrivacyLedger(
+            1.1, 256 / 60_000, delta=1e-6, steps=40, sampler="shuffle"
+        )
+        self.assertEqual(
+            by_rate.epsilon(), _ledger(sampler="shuffle", steps=40).epsilon()
+        )
+        self.assertEqual(PrivacyLedger.from_json(by_rate.to_json()), by_rate)
 
     def test_needs_a_rate(self):
         with self.assertRaisesRegex(ValueError, "sampling_rate"):

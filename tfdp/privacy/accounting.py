@@ -222,14 +222,6 @@ def _validate_all(
     validate_sampling(sampling)
     q, n, b = resolve_sampling_rate(sampling_rate, dataset_size, batch_size)
     check_supported(accountant, sampling)
-    if sampling == "shuffle" and b is None:
-        # The without-replacement event is defined by the integer pair
-        # (N, B); a bare rate does not describe a fixed-size batch.
-        raise ValueError(
-            "sampling='shuffle' needs `dataset_size` and `batch_size`. "
-            f"Received: dataset_size={dataset_size!r}, "
-            f"batch_size={batch_size!r}"
-        )
     return noise_multiplier, steps, delta, q, n, b
 
 
@@ -283,6 +275,8 @@ def make_dp_event(
     `dp_accounting`'s RDP code reads `noise_multiplier` as noise std over
     the sensitivity of the relation in use (its without-replacement bound at
     `q = 1` is `alpha / (2 sigma^2)`, the RDP of a sensitivity-1 Gaussian).
+    That bound depends on `(N, B)` only through `B / N`; given only
+    `sampling_rate`, the event carries the exact integer ratio of `q`.
 
     Args:
         noise_multiplier: float. Noise std over the clipping norm `C`,
@@ -310,10 +304,10 @@ def _make_event(sigma, steps, q, n, b, sampling):
         )
     else:
         if b is None:
-            raise ValueError(
-                "sampling='shuffle' needs `dataset_size` and `batch_size`. "
-                "Received: batch_size=None"
-            )
+            # dp_accounting's bound depends on (N, B) only through B / N,
+            # which it recomputes as a float division; the exact integer
+            # ratio of the float q gives back q bit for bit.
+            b, n = q.as_integer_ratio()
         single = dp_accounting.SampledWithoutReplacementDpEvent(
             n, b, dp_accounting.GaussianDpEvent(sigma / 2.0)
         )
@@ -350,9 +344,9 @@ def _single_step_rdp(sigma, q, n, b, sampling):
 
 
 def _rdp_epsilon(sigma, steps, delta, q, n, b, sampling):
-    if sampling == "poisson":
-        # N and B do not enter the Poisson event; keep them out of the key.
-        n = b = None
+    # Both events depend on N and B only through q = B / N (bit for bit, see
+    # `_make_event`), so keep them out of the cache key.
+    n = b = None
     rdp_1 = _single_step_rdp(sigma, q, n, b, sampling)
     if rdp_1 is None:
         # Private attribute gone in some dp_accounting version: compose the
@@ -417,7 +411,9 @@ def epsilon(
     fixed-size batches, not an analysis of shuffling itself (whose batches
     are dependent across steps), and unlike `"poisson"` it is not a claim
     about add/remove adjacency. The PLD accountant has no such event, so
-    `accountant="pld"` with `sampling="shuffle"` raises.
+    `accountant="pld"` with `sampling="shuffle"` raises. The bound depends
+    on `N` and `B` only through `q = B / N`, so `sampling_rate` alone also
+    works.
 
     Args:
         noise_multiplier: float. Noise std over the clipping norm, `sigma`,
@@ -485,7 +481,9 @@ def epsilon_table(
         accountants = (validate_accountant(accountant),)
     deltas = tuple(deltas)
     if not deltas:
-        raise ValueError(f"`deltas` must not be empty. Received: deltas={deltas}")
+        raise ValueError(
+            f"`deltas` must not be empty. Received: deltas={deltas}"
+        )
     validated = None
     for acc in accountants:
         for delta in deltas:
@@ -535,7 +533,9 @@ def format_epsilon_table(rows):
         The table as a string, one line per delta, without a trailing
         newline.
     """
-    columns = [c for c in ("epsilon_rdp", "epsilon_pld") if rows and c in rows[0]]
+    columns = [
+        c for c in ("epsilon_rdp", "epsilon_pld") if rows and c in rows[0]
+    ]
     header = f"{'delta':>8}" + "".join(f"{c:>14}" for c in columns)
     lines = [header, "-" * len(header)]
     for row in rows:

@@ -59,7 +59,9 @@ def _finite_float(text):
             f"expected a number, got {text!r}"
         ) from None
     if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text}")
+        raise argparse.ArgumentTypeError(
+            f"expected a finite number, got {text}"
+        )
     return value
 
 
@@ -69,14 +71,33 @@ def build_parser():
         description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--dataset_size", type=_positive_int, required=True)
-    parser.add_argument("--batch_size", type=_positive_int, required=True)
+    parser.add_argument(
+        "--dataset_size", type=_positive_int, required=True, help="N"
+    )
+    parser.add_argument(
+        "--batch_size",
+        type=_positive_int,
+        required=True,
+        help="logical batch size B (expected size under Poisson)",
+    )
     duration = parser.add_mutually_exclusive_group(required=True)
-    duration.add_argument("--epochs", type=_finite_float)
-    duration.add_argument("--steps", type=_nonnegative_int)
+    duration.add_argument(
+        "--epochs", type=_finite_float, help="steps = ceil(E * N / B)"
+    )
+    duration.add_argument(
+        "--steps", type=_nonnegative_int, help="optimizer steps"
+    )
     noise = parser.add_mutually_exclusive_group(required=True)
-    noise.add_argument("--noise_multiplier", type=_finite_float)
-    noise.add_argument("--target_epsilon", type=_finite_float)
+    noise.add_argument(
+        "--noise_multiplier",
+        type=_finite_float,
+        help="effective sigma on the logical batch",
+    )
+    noise.add_argument(
+        "--target_epsilon",
+        type=_finite_float,
+        help="calibrate the smallest sigma meeting this epsilon",
+    )
     parser.add_argument("--delta", type=_finite_float, required=True)
     parser.add_argument(
         "--accountant", choices=("rdp", "pld", "both"), default="rdp"
@@ -189,7 +210,8 @@ def format_text(result):
     for acc in accounting.ACCOUNTANTS:
         key = f"epsilon_{acc}"
         if key in result:
-            rows.append((f"epsilon ({acc})", accounting.format_epsilon(result[key])))
+            shown = accounting.format_epsilon(result[key])
+            rows.append((f"epsilon ({acc})", shown))
     width = max(len(name) for name, _ in rows)
     lines = [f"{name:<{width}}  {value}" for name, value in rows]
     lines += ["", accounting.format_epsilon_table(result["epsilon_table"])]

@@ -39,6 +39,10 @@ class PrivacyLedger:
         ledger.record_step()
     ```
 
+    With `accountant="pld"` each new step count costs a PLD composition
+    (up to seconds); for per-step budget checks call `max_steps_within`
+    once and compare `steps` to it. RDP queries are cheap.
+
     Args:
         noise_multiplier: float. Noise std over the clipping norm on the
             logical batch, `>= 0`.
@@ -49,10 +53,8 @@ class PrivacyLedger:
         sampler: str. `"poisson"` or `"shuffle"` (fixed-size batches; see
             `tfdp.privacy.epsilon`). Defaults to `"poisson"`.
         accountant: str. `"rdp"` or `"pld"`. Defaults to `"rdp"`.
-        dataset_size: int or None. `N`. Required for `sampler="shuffle"`.
-            Defaults to `None`.
-        batch_size: int or None. `B`. Required for `sampler="shuffle"`.
-            Defaults to `None`.
+        dataset_size: int or None. `N`. Defaults to `None`.
+        batch_size: int or None. `B`. Defaults to `None`.
     """
 
     def __init__(
@@ -212,7 +214,8 @@ class PrivacyLedger:
             config = json.loads(text)
         except (TypeError, json.JSONDecodeError) as e:
             raise ValueError(
-                f"Ledger JSON could not be parsed ({e}). Received: text={text!r:.80}"
+                f"Ledger JSON could not be parsed ({e}). "
+                f"Received: text={text!r:.80}"
             ) from None
         return cls.from_dict(config)
 
