@@ -1,0 +1,105 @@
+"""End-to-end tests of `python -m tfdp.train` in subprocesses."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import tensorflow as tf
+
+FINAL = re.compile(
+    r"^final: test_accuracy=(?P<acc>[0-9.]+) epsilon=(?P<eps>[0-9.inf]+) "
+    r"delta=(?P<delta>[0-9.e-]+) steps=(?P<steps>\d+)$",
+    re.M,
+)
+QUICK = [
+    "--gin_param=train.dataset = 'digits'",
+    "--gin_param=train.epochs = 2",
+    "--gin_param=train.logical_batch_size = 128",
+    "--gin_param=train.physical_batch_size = 64",
+    "--gin_param=train.log_every_steps = 5",
+]
+
+
+def run_train(*args, workdir=None):
+    cmd = [sys.executable, "-m", "tfdp.train", *args]
+    if workdir:
+        cmd.append(f"--workdir={workdir}")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+
+
+class TrainTest(tf.test.TestCase):
+
+    def test_private_run_prints_summary_and_fills_workdir(self):
+        workdir = self.create_tempdir().full_path
+        result = run_train(*QUICK, workdir=workdir)
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        match = FINAL.search(result.stdout)
+        self.assertIsNotNone(match, result.stdout[-2000:])
+        self.assertGreater(float(match["acc"]), 0.1)
+        self.assertLessEqual(float(match["eps"]), 8.0 + 1e-6)
+        self.assertEqual(float(match["delta"]), 1e-5)
+        self.assertIn("DP plan: method=bk", result.stdout)
+        self.assertRegex(result.stdout, r"epoch +\d.* test_acc=.* epsilon=")
+        for name in ("config.gin", "operative_config.gin", "summary.json"):
+            self.assertTrue(os.path.isfile(os.path.join(workdir, name)), name)
+        self.assertTrue(tf.io.gfile.glob(os.path.join(workdir, "tensorboard", "events.*")))
+        ckpt_dir = os.path.join(workdir, "checkpoints")
+        self.assertIsNotNone(tf.train.latest_checkpoint(ckpt_dir))
+        with open(os.path.join(ckpt_dir, "privacy_ledger.json")) as f:
+            ledger = json.load(f)
+        self.assertEqual(ledger["steps"], int(match["steps"]))
+        self.assertEqual(ledger["sampler"], "poisson")
+        with open(os.path.join(workdir, "operative_config.gin")) as f:
+            self.assertIn("train.target_epsilon = 8.0", f.read())
+
+        # Rerunning with more epochs resumes and keeps counting privacy.
+        longer = run_train(*QUICK, "--gin_param=train.epochs = 3", workdir=workdir)
+        self.assertNotEqual(longer.returncode, 0)  # σ was calibrated for 2 epochs.
+        self.assertIn("ledger does not match", longer.stderr)
+
+    def test_budget_stops_before_exceeding_epsilon(self):
+        workdir = self.create_tempdir().full_path
+        result = run_train(
+            *QUICK, "--gin_param=train.noise_multiplier = 1.5",
+            "--gin_param=train.target_epsilon = 3.0", "--gin_param=train.epochs = 20",
+            workdir=workdir,
+        )
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        self.assertIn("training will stop there", result.stdout)
+        match = FINAL.search(result.stdout)
+        self.assertLessEqual(float(match["eps"]), 3.0)
+        self.assertIn("one more step would exceed the budget", result.stdout)
+        self.assertGreater(int(match["steps"]), 0)
+
+    def test_bad_inputs_give_one_line_errors(self):
+        cases = {
+            "train.l2_norm_clip = 0.0": "l2_norm_clip",
+            "train.noise_multiplier = -1.0": "noise_multiplier",
+            "train.delta = 1.0": "delta",
+            "train.logical_batch_size = 100000": "logical_batch_size",
+            "train.no_such_parameter = 3": "no_such_parameter",
+        }
+        for binding, needle in cases.items():
+            result = run_train(f"--gin_param={binding}", workdir=self.create_tempdir().full_path)
+            self.assertEqual(result.returncode, 2, binding)
+            self.assertNotIn("Traceback", result.stderr, binding)
+            lines = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+            self.assertLen(lines, 1, result.stderr[-2000:])
+            self.assertIn(needle, lines[0])
+        missing = run_train("--gin_file=does_not_exist.gin")
+        self.assertEqual(missing.returncode, 2)
+        self.assertIn("does_not_exist.gin", missing.stderr)
+        bad = os.path.join(self.create_tempdir().full_path, "bad.gin")
+        with open(bad, "w") as f:
+            f.write("train.epochs = = 3\n")
+        result = run_train(f"--gin_file={bad}")
+        self.assertEqual(result.returncode, 2)
+        self.assertNotIn("Traceback", result.stderr)
+        self.assertIn("error: Bad gin configuration", result.stderr)
+
+
+if __name__ == "__main__":
+    tf.test.main()
