@@ -29,13 +29,15 @@ class RunCheckpoint:
         model: keras.Model.
         optimizer: keras.optimizers.Optimizer.
         max_to_keep: int. Checkpoints kept. Defaults to 3.
+        ema: optional `tfdp.optim.ParameterEMA`, saved too. Defaults to None.
     """
 
-    def __init__(self, directory, model, optimizer, max_to_keep=3):
+    def __init__(self, directory, model, optimizer, max_to_keep=3, ema=None):
         self.directory = directory
         self.ledger_json = tf.Variable("", dtype=tf.string, trainable=False)
+        extra = {"ema": ema} if ema is not None else {}
         self.checkpoint = tf.train.Checkpoint(
-            model=model, optimizer=optimizer, ledger=self.ledger_json
+            model=model, optimizer=optimizer, ledger=self.ledger_json, **extra
         )
         self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep)
 

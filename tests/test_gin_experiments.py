@@ -1,0 +1,65 @@
+"""Every experiment gin file parses, builds, calibrates and runs two steps (--dry_run)."""
+
+import glob
+import math
+import os
+
+import gin
+import tensorflow as tf
+
+from tfdp import config
+from tfdp import train
+
+GIN_DIR = os.path.join(os.path.dirname(__file__), os.pardir, "gin")
+EXPERIMENTS = sorted(glob.glob(os.path.join(GIN_DIR, "*.gin")))
+
+
+class GinExperimentsTest(tf.test.TestCase):
+
+    def test_there_are_experiments(self):
+        names = {os.path.basename(p) for p in EXPERIMENTS}
+        for expected in ("mnist_default.gin", "imagenet_r18_places.gin",
+                         "places365_r18_pretrain.gin", "cifar10_vgg.gin"):
+            self.assertIn(expected, names)
+
+    def test_each_header_says_what_it_reproduces_and_how(self):
+        for path in EXPERIMENTS:
+            with open(path) as f:
+                header = f.read().split("\ninclude")[0]
+            self.assertIn("python -m tfdp.train", header, path)
+
+    def test_dry_run_every_experiment(self):
+        for path in EXPERIMENTS:
+            with self.subTest(os.path.basename(path)):
+                config.parse([path], [])
+                summary = train.train(self.create_tempdir().full_path, dry_run=True)
+                self.assertTrue(summary["dry_run"])
+                self.assertGreater(summary["steps"], 0)
+                self.assertGreater(summary["seconds_per_epoch_estimate"], 0)
+                with gin.unlock_config():
+                    private = gin.query_parameter("train.private")
+                if private:
+                    self.assertGreater(summary["noise_multiplier"], 0)
+                    self.assertTrue(math.isfinite(summary["epsilon"]))
+                    with gin.unlock_config():
+                        target = gin.query_parameter("train.target_epsilon")
+                    if target is not None and not isinstance(target, gin.config.ConfigurableReference):
+                        self.assertLessEqual(summary["epsilon"], float(target) + 1e-6)
+        gin.clear_config()
+
+    def test_paper_best_run_settings(self):
+        config.parse([os.path.join(GIN_DIR, "imagenet_r18_places.gin")], [])
+        with gin.unlock_config():
+            q = gin.query_parameter
+            self.assertEqual(q("train.logical_batch_size"), 65536)
+            self.assertEqual(q("train.epochs"), 70)
+            self.assertEqual(q("train.base_lr"), 0.03)
+            self.assertEqual(q("train.weight_decay"), 1e-4)
+            self.assertEqual(q("train.delta"), 1e-6)
+            self.assertEqual(q("%FROZEN"), 4)
+            self.assertEqual(q("%EPSILON"), 10.0)
+        gin.clear_config()
+
+
+if __name__ == "__main__":
+    tf.test.main()
