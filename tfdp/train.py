@@ -236,6 +236,7 @@ def train(
     checkpoint_every_steps=None,
     strategy="one_device",
     jit_compile=False,
+    mixed_precision=False,
     init_checkpoint=None,
     freeze_sub_blocks=0,
     ema_decay=None,
@@ -286,8 +287,14 @@ def train(
             the train loss/accuracy. Defaults to 2000.
         log_every_steps: int. Progress line period. Defaults to 50.
         checkpoint_every_steps: int. Defaults to once per epoch.
-        strategy: str. tf.distribute strategy. Defaults to "one_device".
+        strategy: str. tf.distribute strategy: "one_device", "mirrored",
+            "multi_worker_mirrored" or "tpu" (docs/DISTRIBUTED.md).
+            `physical_batch_size` is then global, split over the replicas.
+            Defaults to "one_device".
         jit_compile: bool. XLA for the physical step. Defaults to False.
+        mixed_precision: bool. Keras "mixed_bfloat16" (bf16 compute, float32
+            variables; losses, norms, clipped sums and noise in float32).
+            Defaults to False.
         init_checkpoint: str. A `.keras` model of another run (e.g. the
             non-private Places365 pretraining) whose weights initialise every
             layer but the head (`head_dense`), which starts fresh. A mismatch
@@ -318,11 +325,8 @@ def train(
     physical_batch_size = physical_batch_size or logical_batch_size
     _check_hyperparameters(private, l2_norm_clip, noise_multiplier, target_epsilon, delta,
                            logical_batch_size, physical_batch_size, epochs)
-    if strategy != "one_device":
-        raise ValueError(
-            "Multi-replica DP training is not available yet in this version; "
-            f"use strategy='one_device'. Received: strategy={strategy!r}"
-        )
+    # Created first: MultiWorkerMirroredStrategy must exist before other TF ops.
+    dist = distribute.get_strategy(strategy)
     keras.utils.set_random_seed(seed)
     os.makedirs(workdir, exist_ok=True)
 
@@ -372,7 +376,10 @@ def train(
     # ===================================================================
     # Model, optimizer and train step
     # ===================================================================
-    model = model_fn(num_classes=info.num_classes, input_shape=tuple(info.image_shape))
+    # Variables (model, optimizer, DP accumulators) are created in the
+    # strategy's scope; the step then runs on every replica (tfdp.distribute).
+    with dist.scope(), distribute.precision_policy(mixed_precision):
+        model = model_fn(num_classes=info.num_classes, input_shape=tuple(info.image_shape))
     if init_checkpoint:
         if dry_run and not os.path.exists(init_checkpoint):
             _log(f"dry run: init checkpoint {init_checkpoint} not found; a real run loads it")
@@ -386,19 +393,20 @@ def train(
 
         models.freeze_sub_blocks(model, freeze_sub_blocks)
         _log(f"froze the first {freeze_sub_blocks} of {models.FREEZABLE_SUB_BLOCKS}")
-    schedule = _make_schedule(lr_schedule, base_lr, logical_batch_size, total_steps, warmup_steps)
-    optimizer = (optimizer_fn or optim.make_optimizer)(learning_rate=schedule)
-    if private:
-        step_fn = dp.PrivateTrainStep(
-            model, optimizer, _per_example_loss, l2_norm_clip=l2_norm_clip,
-            noise_multiplier=noise_multiplier, expected_batch_size=spec.expected_batch_size,
-            method=clipping_method, weight_decay=weight_decay, seed=seed, jit_compile=jit_compile,
-        )
-    else:
-        step_fn = dp.NonPrivateTrainStep(
-            model, optimizer, _per_example_loss, expected_batch_size=spec.expected_batch_size,
-            weight_decay=weight_decay, seed=seed, jit_compile=jit_compile,
-        )
+    with dist.scope():
+        schedule = _make_schedule(lr_schedule, base_lr, logical_batch_size, total_steps, warmup_steps)
+        optimizer = (optimizer_fn or optim.make_optimizer)(learning_rate=schedule)
+        if private:
+            step_fn = dp.PrivateTrainStep(
+                model, optimizer, _per_example_loss, l2_norm_clip=l2_norm_clip,
+                noise_multiplier=noise_multiplier, expected_batch_size=spec.expected_batch_size,
+                method=clipping_method, weight_decay=weight_decay, seed=seed, jit_compile=jit_compile,
+            )
+        else:
+            step_fn = dp.NonPrivateTrainStep(
+                model, optimizer, _per_example_loss, expected_batch_size=spec.expected_batch_size,
+                weight_decay=weight_decay, seed=seed, jit_compile=jit_compile,
+            )
 
     ema = optim.ParameterEMA(model.trainable_variables, ema_decay) if ema_decay else None
     if dry_run:
@@ -414,6 +422,12 @@ def train(
         os.path.join(workdir, "checkpoints"), model, optimizer, ema=ema
     )
     restored = ckpt.restore()
+    if not distribute.is_chief(dist):
+        # Every worker restores from the chief's checkpoints; only the chief
+        # writes them and the ledger. The others join each save into a scratch dir.
+        ckpt = checkpointing.RunCheckpoint(
+            distribute.checkpoint_dir(dist, ckpt.directory), model, optimizer, ema=ema
+        )
     start_step = int(optimizer.iterations.numpy())
     if restored is not None and ledger is not None:
         saved = privacy.PrivacyLedger.from_dict(restored)
@@ -466,11 +480,12 @@ def train(
     writer = tf.summary.create_file_writer(os.path.join(workdir, "tensorboard"))
     checkpoint_every = checkpoint_every_steps or steps_per_epoch
     end_step = budget_steps
-    pipeline = data_lib.make_train_pipeline(
-        train_src, sampling=sampling, physical_batch_size=physical_batch_size,
+    # Each worker builds its share; each replica gets P / R of every batch.
+    pipeline = distribute.distribute_train_pipeline(dist, lambda **per_worker: data_lib.make_train_pipeline(
+        train_src, sampling=sampling,
         logical_batch_size=logical_batch_size, num_steps=end_step, start_step=min(start_step, end_step),
-        seed=seed, preprocess_fn=train_pre,
-    )
+        seed=seed, preprocess_fn=train_pre, **per_worker,
+    ), physical_batch_size)
     step = start_step
     epsilon = ledger.epsilon() if ledger is not None else math.inf
     metrics = {}
@@ -504,9 +519,16 @@ def train(
         )
 
     for images, labels, weights, last in pipeline:
-        step_fn.accumulate(images, labels, weights)
-        examples_since_log += int(images.shape[0])
-        if not bool(last):
+        try:
+            step_fn.accumulate(images, labels, weights)
+        except tf.errors.ResourceExhaustedError:
+            raise MemoryError(
+                f"Out of accelerator memory at physical batch {physical_batch_size}. Lower "
+                "train.physical_batch_size: virtual steps keep the logical batch "
+                f"({logical_batch_size}) and so the privacy guarantee unchanged."
+            ) from None
+        examples_since_log += distribute.num_examples(dist, images)
+        if not distribute.is_last(dist, last):
             continue
         counted = _check_step_is_finite(step_fn, step, ckpt, counted)
         step_fn.apply()
@@ -584,7 +606,7 @@ def main(argv):
         stem = os.path.splitext(os.path.basename(gin_files[-1]))[0]
         workdir = _WORKDIR.value or os.path.join("workdir", stem)
         train(workdir, seed=_SEED.value, strategy_name=_STRATEGY.value, dry_run=_DRY_RUN.value)
-    except (ValueError, FloatingPointError) as e:
+    except (ValueError, FloatingPointError, MemoryError) as e:
         if _TRACEBACK.value:
             raise
         message = " ".join(str(e).split())
