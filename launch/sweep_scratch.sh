@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Observations 1-4 (Kurakin et al. 2022): from-scratch private ImageNet training.
+#   SWEEP=epochs : Obs. 2, more epochs (with more noise) at a fixed epsilon.
+#   SWEEP=batch  : Obs. 4, larger logical batches via virtual steps.
+#   SWEEP=clip   : Obs. 3, joint C / learning-rate tuning.
+#   SWEEP=models : Obs. 1, ResNet-18 vs ResNet-50 at epsilon in {4.6, 13.2, 71}.
+# Usage: SWEEP=epochs launch/sweep_scratch.sh [extra train flags]
+set -euo pipefail
+sweep="${SWEEP:-epochs}"
+run() { python -m tfdp.train "$@"; }
+case "$sweep" in
+  epochs)
+    for e in 10 20 40 70 90; do
+      run --gin_file=gin/imagenet_r18_scratch.gin --gin_param="EPOCHS = $e" \
+        --workdir="workdir/scratch_r18_epochs_$e" "${@}"
+    done ;;
+  batch)
+    for b in 1024 4096 16384 65536; do
+      run --gin_file=gin/imagenet_r18_scratch.gin --gin_param="BATCH = $b" \
+        --workdir="workdir/scratch_r18_batch_$b" "${@}"
+    done ;;
+  clip)
+    for c in 0.1 0.5 1.0 5.0; do
+      for lr in 0.1 0.5 2.0 8.0; do
+        run --gin_file=gin/imagenet_r18_scratch.gin --gin_param="CLIP = $c" \
+          --gin_param="BASE_LR = $lr" --workdir="workdir/scratch_r18_c${c}_lr${lr}" "${@}"
+      done
+    done ;;
+  models)
+    for eps in 4.6 13.2 71; do
+      for m in r18 r50; do
+        run --gin_file=gin/imagenet_${m}_scratch.gin --gin_param="EPSILON = $eps" \
+          --workdir="workdir/scratch_${m}_eps_$eps" "${@}"
+      done
+    done ;;
+  *) echo "error: unknown SWEEP=$sweep (epochs|batch|clip|models)" >&2; exit 2 ;;
+esac
