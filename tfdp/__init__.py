@@ -14,10 +14,21 @@ _LAZY = {
       "models": "tfdp.models",
       "data": "tfdp.data",
       "optim": "tfdp.optim",
+      "keras": "tfdp.keras",
+      "callbacks": "tfdp.keras.callbacks",
+}
+
+# Names re-exported from a submodule, imported on first access.
+_LAZY_ATTRS = {
+    "DPOptimizer": "tfdp.keras",
+    "DPModel": "tfdp.keras",
+    "make_private": "tfdp.keras",
 }
 
 
 def __getattr__(name):
     if name in _LAZY:
         return importlib.import_module(_LAZY[name])
+    if name in _LAZY_ATTRS:
+        return getattr(importlib.import_module(_LAZY_ATTRS[name]), name)
     raise AttributeError(f"module 'tfdp' has no attribute {name!r}")

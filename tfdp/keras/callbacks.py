@@ -1,0 +1,180 @@
+"""Keras callbacks for private models: epsilon in the logs, and a budget.
+
+Both read the step count from `model.optimizer.iterations` (the number of
+noisy updates of the `DPOptimizer`), which checkpoints carry, so a run resumed
+by `keras.callbacks.BackupAndRestore` or from a `ModelCheckpoint` reports and
+enforces the epsilon of all the steps taken, not just this `fit` call's.
+"""
+
+import os
+
+import keras
+import tensorflow as tf
+
+from tfdp.keras.dp_optimizer import DPOptimizer
+
+
+def _dp_optimizer(model):
+    optimizer = getattr(model, "optimizer", None)
+    if not isinstance(optimizer, DPOptimizer):
+        raise ValueError(
+            "Privacy callbacks need a private model compiled with a "
+            "tfdp.DPOptimizer (see tfdp.make_private). "
+            f"Received: optimizer={optimizer!r}"
+        )
+    return optimizer
+
+
+class _LedgerCallback(keras.callbacks.Callback):
+    def __init__(self, delta=None, dataset_size=None):
+        super().__init__()
+        self.delta = delta
+        self.dataset_size = dataset_size
+        self._cache = (None, None)
+
+    def _ledger(self, steps=None):
+        return _dp_optimizer(self.model).ledger(
+            dataset_size=self.dataset_size, delta=self.delta, steps=steps
+        )
+
+    def _ready(self):
+        return _dp_optimizer(self.model).logical_batch_size is not None
+
+    def _steps(self):
+        return int(_dp_optimizer(self.model).iterations.numpy())
+
+    def epsilon(self):
+        """Epsilon after the noisy updates taken so far (cached per step)."""
+        steps = self._steps()
+        if self._cache[0] != steps:
+            self._cache = (steps, self._ledger(steps).epsilon())
+        return self._cache[1]
+
+
+class PrivacyLogger(_LedgerCallback):
+    """Puts epsilon (of all noisy updates so far) into the Keras logs.
+
+    It then shows in the progress bar and in `History`, and in TensorBoard
+    when a `keras.callbacks.TensorBoard` comes *after* it in the callbacks
+    list, or when `log_dir` is given (then `epoch_epsilon` is also written to
+    `log_dir/train`, next to TensorBoard's own training scalars).
+
+    Args:
+        delta: float or None. Overrides the DPOptimizer's delta.
+        dataset_size: int or None. Overrides the DPOptimizer's (or the
+            inferred) dataset size N.
+        log_dir: str or None. TensorBoard log directory. Defaults to `None`.
+        update_freq: `"batch"`, `"epoch"` or an int n (every n batches):
+            how often batch logs get epsilon. Epoch logs always do.
+            Defaults to `"batch"`.
+        key: str. The logs key. Defaults to `"epsilon"`.
+    """
+
+    def __init__(self, delta=None, dataset_size=None, log_dir=None,
+                 update_freq="batch", key="epsilon"):
+        super().__init__(delta=delta, dataset_size=dataset_size)
+        if update_freq not in ("batch", "epoch") and not (
+            isinstance(update_freq, int) and update_freq >= 1
+        ):
+            raise ValueError(
+                "update_freq must be 'batch', 'epoch' or an int >= 1. "
+                f"Received: update_freq={update_freq!r}"
+            )
+        self.log_dir = log_dir
+        self.update_freq = update_freq
+        self.key = key
+        self.history = []  # (epoch, steps, epsilon) at each epoch end.
+        self._writer = None
+
+    def on_train_begin(self, logs=None):
+        _dp_optimizer(self.model)
+        if self._ready():
+            self.epsilon()  # Fails early on a missing dataset size.
+        if self.log_dir and self._writer is None:
+            self._writer = tf.summary.create_file_writer(
+                os.path.join(self.log_dir, "train")
+            )
+
+    def on_train_batch_end(self, batch, logs=None):
+        if logs is None or self.update_freq == "epoch":
+            return
+        if isinstance(self.update_freq, int) and (batch + 1) % self.update_freq:
+            return
+        if self._ready():
+            logs[self.key] = self.epsilon()
+
+    def on_epoch_end(self, epoch, logs=None):
+        eps = self.epsilon()
+        self.history.append((epoch, self._steps(), eps))
+        if logs is not None:
+            logs[self.key] = eps
+        if self._writer is not None:
+            with self._writer.as_default():
+                tf.summary.scalar(f"epoch_{self.key}", eps, step=epoch)
+            self._writer.flush()
+
+    def on_train_end(self, logs=None):
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+class PrivacyBudget(_LedgerCallback):
+    """Stops training before a noisy update would exceed `target_epsilon`.
+
+    At the start of `fit` it computes the largest total number of noisy
+    updates within the budget (`PrivacyLedger.max_steps_within`). Training
+    stops (`model.stop_training`) at the end of the batch that takes the last
+    allowed update, and the DPOptimizer itself refuses updates beyond it (a
+    guard in the train step), so the budget holds at batch granularity even
+    with `steps_per_execution > 1` or on a resumed run that already spent it.
+
+    Args:
+        target_epsilon: float. The budget.
+        delta: float or None. Overrides the DPOptimizer's delta.
+        dataset_size: int or None. Overrides the DPOptimizer's (or the
+            inferred) dataset size N.
+        verbose: int. 1 prints a line when the budget stops training.
+            Defaults to `1`.
+    """
+
+    def __init__(self, target_epsilon, delta=None, dataset_size=None, verbose=1):
+        super().__init__(delta=delta, dataset_size=dataset_size)
+        if not target_epsilon >= 0:
+            raise ValueError(
+                f"target_epsilon must be >= 0. Received: target_epsilon={target_epsilon}"
+            )
+        self.target_epsilon = float(target_epsilon)
+        self.verbose = verbose
+        self.max_steps = None
+        self.stopped_at_step = None
+
+    def on_train_begin(self, logs=None):
+        optimizer = _dp_optimizer(self.model)
+        if not self._ready():
+            raise ValueError(
+                "PrivacyBudget needs the logical batch size before training: "
+                "pass `expected_batch_size=` to the DPOptimizer, `batch_size=` "
+                "to fit, or a dataset with a static batch dimension."
+            )
+        self.max_steps = self._ledger().max_steps_within(self.target_epsilon)
+        self.stopped_at_step = None
+        optimizer._max_steps_var.assign(self.max_steps)
+        self._check()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._check()
+
+    def _check(self):
+        steps = self._steps()
+        if steps >= self.max_steps and not self.model.stop_training:
+            self.model.stop_training = True
+            self.stopped_at_step = steps
+            if self.verbose:
+                print(
+                    f"\nPrivacyBudget: stopping after {steps} noisy updates; "
+                    f"one more would exceed epsilon={self.target_epsilon:g}."
+                )
+
+    def on_train_end(self, logs=None):
+        _dp_optimizer(self.model)._max_steps_var.assign(-1)
