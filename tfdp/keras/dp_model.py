@@ -230,6 +230,12 @@ class DPModel(keras.Model):
 
     def train_step(self, data):
         optimizer = self.dp_optimizer
+        if tf.distribute.get_strategy().num_replicas_in_sync > 1:
+            raise NotImplementedError(
+                "Private Keras models train on a single replica (the wrapped "
+                "optimizer would average, not sum, the replicas' clipped sums). "
+                "For several devices use tfdp's trainer (tfdp.train)."
+            )
         regularized = _regularized_layers(self.model)
         if regularized:
             raise NotImplementedError(
