@@ -308,6 +308,8 @@ def _tapped(model, loss_fn, x, y, weights, clip, decay, training, *, method):
             losses, variables, output_gradients=coeffs,
             unconnected_gradients=tf.UnconnectedGradients.ZERO,
         )
+        # Embedding gradients come back as IndexedSlices: return dense sums.
+        result = [tf.convert_to_tensor(g) for g in result]
         total_coeff = tf.reduce_sum(coeffs)
         result = [
             g + decay.coefficient * total_coeff * v if decay.applies(v) else g

@@ -13,6 +13,7 @@ example's kernel gradient, so its squared norm grows by
 i.e. the pre-bias output dotted with the output gradient.
 """
 
+import keras
 import tensorflow as tf
 
 from tfdp.dp import layer_taps
@@ -47,32 +48,56 @@ def _has_bias(layer):
 
 
 class LinearFactors:
-    """U, G (and the pre-bias output) of all calls of a conv/dense layer."""
+    """U, G (and the pre-bias output) of all calls of a conv/dense layer.
+
+    The unfolded input U and the pre-bias output are built lazily: a conv
+    layer whose norm is not a ghost norm and whose clipped sum goes through
+    `Conv2DBackpropFilter` never unfolds its input.
+    """
 
     def __init__(self, layer, records, output_grads):
         self.layer = layer
-        bias = layer.bias if _has_bias(layer) else None
-        us, gs, zs = [], [], []
-        for record, grad in zip(records, output_grads):
-            us.append(unfold_inputs(layer, record.inputs))
-            g = _flatten_bt(grad)
-            gs.append(g)
-            z = _flatten_bt(record.outputs)
-            zs.append(z if bias is None else z - bias)
-        self.u = us[0] if len(us) == 1 else tf.concat(us, axis=1)
+        self.records = list(records)
+        self.output_grads = list(output_grads)
+        self.is_conv = layer._tfdp_kind == KIND_CONV2D
+        gs = [_flatten_bt(g) for g in self.output_grads]
         self.g = gs[0] if len(gs) == 1 else tf.concat(gs, axis=1)
-        self.z = zs[0] if len(zs) == 1 else tf.concat(zs, axis=1)
+        self._u = None
+        self._z = None
+        self._per_example = None
+
+    @property
+    def u(self):
+        if self._u is None:
+            us = [unfold_inputs(self.layer, r.inputs) for r in self.records]
+            self._u = us[0] if len(us) == 1 else tf.concat(us, axis=1)
+        return self._u
+
+    @property
+    def z(self):
+        if self._z is None:
+            bias = self.layer.bias if _has_bias(self.layer) else None
+            zs = []
+            for record in self.records:
+                z = _flatten_bt(record.outputs)
+                zs.append(z if bias is None else z - bias)
+            self._z = zs[0] if len(zs) == 1 else tf.concat(zs, axis=1)
+        return self._z
 
     def kernel_sq_norms(self, mode):
-        u, g = self.u, self.g
-        if u.shape[1] == 1:
+        g = self.g
+        if g.shape[1] == 1:
+            u = self.u
             return tf.reduce_sum(tf.square(u), [1, 2]) * tf.reduce_sum(tf.square(g), [1, 2])
         if mode == GHOST:
-            uu = tf.einsum("btd,bsd->bts", u, u)
-            gg = tf.einsum("btp,bsp->bts", g, g)
+            u = self.u
+            uu = tf.matmul(u, u, transpose_b=True)
+            gg = tf.matmul(g, g, transpose_b=True)
             return tf.reduce_sum(uu * gg, [1, 2])
-        per_example = tf.einsum("btd,btp->bdp", u, g)
-        return tf.reduce_sum(tf.square(per_example), [1, 2])
+        # Instantiated per-example gradients are kept for the clipped sum: by
+        # the layer-wise rule they are no larger than the Gram matrices.
+        self._per_example = tf.matmul(self.u, g, transpose_a=True)
+        return tf.reduce_sum(tf.square(self._per_example), [1, 2])
 
     def kernel_dot_weights(self):
         """⟨per-example kernel gradient, W⟩ for each example."""
@@ -82,8 +107,35 @@ class LinearFactors:
         return tf.reduce_sum(tf.square(tf.reduce_sum(self.g, 1)), 1)
 
     def kernel_clipped_sum(self, coeffs):
-        summed = tf.einsum("btd,btp->dp", self.u, self.g * coeffs[:, None, None])
-        return tf.reshape(summed, self.layer.kernel.shape)
+        kernel_shape = self.layer.kernel.shape
+        if self._per_example is not None:
+            summed = tf.tensordot(coeffs, self._per_example, axes=1)
+        elif self.is_conv:
+            # Σ_i c_i U_iᵀ G_i is the conv kernel gradient of the output
+            # gradient scaled per example: no unfolded input needed.
+            strides, dilations, padding = layer_taps.conv_geometry(self.layer)
+            summed = None
+            for record, grad in zip(self.records, self.output_grads):
+                part = tf.raw_ops.Conv2DBackpropFilter(
+                    input=record.inputs,
+                    filter_sizes=tf.constant(kernel_shape.as_list(), tf.int32),
+                    out_backprop=grad * tf.cast(coeffs, grad.dtype)[:, None, None, None],
+                    strides=strides,
+                    padding=padding,
+                    dilations=dilations,
+                    data_format="NHWC",
+                )
+                summed = part if summed is None else summed + part
+            return summed
+        else:
+            weighted = self.g * coeffs[:, None, None]
+            u = self.u
+            summed = tf.matmul(
+                tf.reshape(u, [-1, tf.shape(u)[-1]]),
+                tf.reshape(weighted, [-1, tf.shape(weighted)[-1]]),
+                transpose_a=True,
+            )
+        return tf.reshape(summed, kernel_shape)
 
     def bias_clipped_sum(self, coeffs):
         return tf.einsum("btp,b->p", self.g, coeffs)
@@ -136,6 +188,59 @@ def generic_per_example_grads(layer, records, output_grads, variables):
             )
 
         grads = tf.vectorized_map(one_example, (record.inputs, grad))
+        total = grads if total is None else [a + b for a, b in zip(total, grads)]
+    return total
+
+
+def _normalized_norm_input(layer, x):
+    """x̂ of a GroupNormalization/LayerNormalization: ∂output/∂γ."""
+    x = tf.cast(x, tf.float32)
+    if isinstance(layer, keras.layers.GroupNormalization):
+        reshaped = layer._reshape_into_groups(x)
+        axes = list(range(1, len(reshaped.shape)))
+        axes.pop(-2)  # Keeps the group axis (channels-last layers only).
+        mean, variance = keras.ops.moments(reshaped, axes=axes, keepdims=True)
+        xhat = (reshaped - mean) * tf.math.rsqrt(variance + layer.epsilon)
+        return tf.reshape(xhat, tf.shape(x))
+    axes = list(layer.axis)
+    if layer.rms_scaling:
+        variance = keras.ops.var(x, axis=axes, keepdims=True)
+        return x * tf.math.rsqrt(variance + layer.epsilon)
+    mean, variance = keras.ops.moments(x, axes=axes, keepdims=True)
+    return (x - mean) * tf.math.rsqrt(variance + layer.epsilon)
+
+
+def norm_param_axes(layer, rank):
+    """Positive input axes that γ and β span, in their storage order."""
+    if isinstance(layer, keras.layers.GroupNormalization):
+        return [rank - 1]
+    return [a % rank for a in layer.axis]
+
+
+def norm_per_example_grads(layer, records, output_grads, variables):
+    """Closed-form per-example γ/β gradients of a normalisation layer.
+
+    Exact for `layer_taps.KIND_NORM` layers: the output is γ·x̂ + β, with x̂
+    depending on the input only, so per example ∂L/∂γ = Σ g ⊙ x̂ and
+    ∂L/∂β = Σ g over the axes that γ does not span (the batch axis aside).
+    """
+    gamma = getattr(layer, "gamma", None)
+    beta = getattr(layer, "beta", None)
+    total = None
+    for record, grad in zip(records, output_grads):
+        rank = grad.shape.rank
+        param_axes = norm_param_axes(layer, rank)
+        reduce_axes = [a for a in range(1, rank) if a not in param_axes]
+        grad = tf.cast(grad, tf.float32)
+        grads = []
+        for v in variables:
+            if gamma is not None and v is gamma:
+                xhat = _normalized_norm_input(layer, record.inputs)
+                grads.append(tf.reduce_sum(grad * xhat, reduce_axes))
+            elif beta is not None and v is beta:
+                grads.append(tf.reduce_sum(grad, reduce_axes))
+            else:
+                raise ValueError(f"Unexpected variable {v.path} of layer {layer.name}.")
         total = grads if total is None else [a + b for a, b in zip(total, grads)]
     return total
 

@@ -20,6 +20,7 @@ import tensorflow as tf
 KIND_CONV2D = "conv2d"
 KIND_DENSE = "dense"
 KIND_EMBEDDING = "embedding"
+KIND_NORM = "norm"
 KIND_GENERIC = "generic"
 
 _local = threading.local()
@@ -100,6 +101,38 @@ def _is_plain(layer):
     )
 
 
+def _is_float32(layer):
+    return (
+        getattr(layer, "compute_dtype", None) == "float32"
+        and all(v.dtype == "float32" for v in getattr(layer, "_trainable_variables", []))
+    )
+
+
+def _is_plain_norm(layer):
+    """GroupNormalization/LayerNormalization whose γ/β gradients have a closed form.
+
+    Per example, ∂L/∂γ = Σ g ⊙ x̂ and ∂L/∂β = Σ g over the non-parameter axes,
+    where g is the output gradient and x̂ the normalised input.
+    """
+    if not _is_float32(layer) or not layer.built:
+        return False
+    if (
+        isinstance(layer, keras.layers.GroupNormalization)
+        and type(layer).call is keras.layers.GroupNormalization.call
+        and type(layer)._apply_normalization
+        is keras.layers.GroupNormalization._apply_normalization
+    ):
+        ndim = getattr(layer.input_spec, "ndim", None)
+        return ndim is not None and ndim >= 2 and layer.axis in (-1, ndim - 1)
+    if (
+        isinstance(layer, keras.layers.LayerNormalization)
+        and type(layer).call is keras.layers.LayerNormalization.call
+        and isinstance(layer.axis, list)
+    ):
+        return True
+    return False
+
+
 def layer_kind(layer):
     """The clipping kind of a layer that owns trainable variables.
 
@@ -131,6 +164,8 @@ def layer_kind(layer):
         and _is_plain(layer)
     ):
         return KIND_DENSE
+    if _is_plain_norm(layer):
+        return KIND_NORM
     if (
         isinstance(layer, keras.layers.Embedding)
         and type(layer).call is keras.layers.Embedding.call
