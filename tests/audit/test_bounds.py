@@ -6,7 +6,6 @@ import numpy as np
 import tensorflow as tf
 
 from tfdp import audit
-from tfdp.audit import bounds
 
 
 def _closed_form_all_correct(r, beta):
