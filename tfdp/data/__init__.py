@@ -2,6 +2,7 @@
 
 from tfdp.data.catalog import CATALOG
 from tfdp.data.catalog import catalog_entry
+from tfdp.data.pipeline import DecodeStats
 from tfdp.data.pipeline import make_eval_pipeline
 from tfdp.data.pipeline import make_train_pipeline
 from tfdp.data.pipeline import train_sampling_spec
@@ -23,6 +24,7 @@ __all__ = [
     "catalog_entry",
     "ArraySource",
     "DatasetInfo",
+    "DecodeStats",
     "RandomAccessSource",
     "SamplingSpec",
     "StreamingSource",

@@ -4,6 +4,13 @@ Training elements are physical batches `(images, labels, weights, last)`:
 images float32 `[P, H, W, C]`, labels int32 `[P]`, weights float32 `[P]`
 (0 for padding), and `last`, a bool scalar that is True on the final
 physical batch of a logical step.
+
+Corrupt images. When a source holds encoded bytes (JPEG/PNG), an example
+whose image fails to decode (truncated, random bytes, empty, ...) is not
+fatal: it becomes a weight-0 example with a zero image and label 0 (in
+DP terms it is simply not sampled, so it contributes no gradient), and it
+is counted in a `DecodeStats` counter (`dataset.decode_stats`, or the
+`decode_stats` argument) that the trainer logs.
 """
 
 import inspect
@@ -13,6 +20,38 @@ import tensorflow as tf
 
 from tfdp.data import preprocessing
 from tfdp.data import sampling as sampling_lib
+
+# Examples scanned when looking for a decodable stand-in image (below).
+_SUBSTITUTE_SCAN = 64
+
+
+class DecodeStats:
+    """Counts the examples whose encoded image failed to decode.
+
+    The count is a CPU `tf.Variable` (int64) that the pipeline's map
+    functions increment as batches are produced, so with prefetching it may
+    run a few batches ahead of what the trainer consumed. Only real
+    examples are counted (never padding).
+
+    Note: this count is a statistic of the dataset's files, not covered by
+    the DP guarantee; it is meant for the operator's logs.
+    """
+
+    def __init__(self):
+        with tf.init_scope(), tf.device("/cpu:0"):
+            self.skipped = tf.Variable(
+                0, dtype=tf.int64, trainable=False, name="skipped_undecodable"
+            )
+
+    def value(self):
+        """The number of skipped examples so far, as a Python int."""
+        return int(self.skipped.numpy())
+
+    def reset(self):
+        self.skipped.assign(0)
+
+    def __repr__(self):
+        return f"DecodeStats(skipped={self.value()})"
 
 
 def _hosts(input_context):
@@ -61,30 +100,122 @@ def _check_source(source, sampling):
         )
 
 
-def _load(source, preprocess_fn):
-    """Per-element map: fetch, preprocess, and blank out padding."""
+def _find_substitute(dataset, preprocess_fn):
+    """A decodable encoded image from the first examples of `dataset`.
 
-    def load(index, weight, last, seed):
-        image, label = source.fetch(tf.maximum(index, 0))
-        image = preprocess_fn(image, seed)
-        # Padding reuses example 0 for a valid shape and dtype; zero it so
-        # padding never depends on real data.
+    Run through `preprocess_fn` (eagerly) it gives the shape and dtype of
+    the zero image that replaces an undecodable one.
+    """
+    seed = tf.zeros([2], tf.int64)
+    tried = 0
+    for image, _ in dataset.take(_SUBSTITUTE_SCAN).ignore_errors():
+        tried += 1
+        try:
+            preprocess_fn(image, seed)
+        except (tf.errors.OpError, ValueError):
+            continue
+        return image
+    raise ValueError(
+        f"None of the first {tried} images of the source could be decoded and "
+        "preprocessed; check the data (or the preprocess_fn). "
+        f"Received: {tried} undecodable images"
+    )
+
+
+# Encoded examples are preprocessed in chunks of this many (see below).
+_GUARD_CHUNK = 32
+
+
+def _guarded_map(ds, preprocess_fn, substitute_fn, decode_stats):
+    """`(image, label, weight, last, seed)` -> `(image, label, weight, last, skipped)`.
+
+    Decoded images go through `preprocess_fn` in a plain parallel map. For
+    encoded images a decode error must not end the pipeline, and tf.data
+    can only drop failing elements (`ignore_errors`). So consecutive
+    examples are preprocessed in chunks of `_GUARD_CHUNK` inside one-element
+    datasets with `ignore_errors()`: a chunk that fails is redone example
+    by example the same way, and an example that fails alone becomes a
+    skipped one (weight 0, zero image, label 0). Order is kept.
+    """
+    del decode_stats  # Counted per batch, from the `skipped` component.
+    encoded = ds.element_spec[0].dtype == tf.string
+
+    def finish(image, label, weight, last, ok):
+        # Padding and skipped examples carry no data: zero image, label 0.
         real = weight > 0
-        image = tf.where(real, image, tf.zeros_like(image))
-        label = tf.where(real, tf.cast(label, tf.int32), 0)
-        return image, label, weight, last
+        keep = tf.logical_and(real, ok)
+        image = tf.where(keep, image, tf.zeros_like(image))
+        label = tf.where(keep, tf.cast(label, tf.int32), 0)
+        weight = tf.where(ok, weight, tf.zeros_like(weight))
+        return image, label, weight, last, tf.logical_and(real, tf.logical_not(ok))
 
-    return load
+    if not encoded:
+
+        def plain(image, label, weight, last, seed):
+            return finish(preprocess_fn(image, seed), label, weight, last, tf.constant(True))
+
+        return ds.map(plain, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+    substitute = substitute_fn()
+    zero = tf.zeros_like(preprocess_fn(substitute, tf.zeros([2], tf.int64))).numpy()
+    # The static output spec of preprocess_fn, as traced in a graph.
+    out_spec = (
+        tf.data.Dataset.from_tensors((substitute, tf.zeros([2], tf.int64)))
+        .map(preprocess_fn)
+        .element_spec
+    )
+
+    def one(image, label, weight, last, seed):
+        tried = tf.data.Dataset.from_tensors((image, seed)).map(preprocess_fn).ignore_errors()
+        fallback = tf.data.Dataset.from_tensors(tf.constant(zero))
+        return (
+            tried.map(lambda out: (out, True))
+            .concatenate(fallback.map(lambda out: (out, False)))
+            .take(1)
+            .map(lambda out, ok: (out, label, weight, last, ok))
+        )
+
+    def chunk(images, labels, weights, lasts, seeds):
+        def attempt(images, seeds):
+            return tf.map_fn(
+                lambda args: preprocess_fn(args[0], args[1]),
+                (images, seeds),
+                fn_output_signature=out_spec,
+            )
+
+        elements = (images, labels, weights, lasts, seeds)
+        tried = (
+            tf.data.Dataset.from_tensors((images, seeds))
+            .map(attempt)
+            .ignore_errors()
+            .map(lambda out: (out, labels, weights, lasts, tf.ones_like(lasts)))
+        )
+        one_by_one = (
+            tf.data.Dataset.from_tensor_slices(elements).flat_map(one).batch(_GUARD_CHUNK)
+        )
+        return tried.concatenate(one_by_one).take(1).unbatch()
+
+    ds = ds.batch(_GUARD_CHUNK).interleave(
+        chunk,
+        cycle_length=tf.data.AUTOTUNE,
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True,
+    )
+    return ds.map(finish, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
-def _finish_batch(images, labels, weights, lasts):
-    # Each step's length is a multiple of P, so the step's final element is
-    # always the final element of a physical batch.
-    return images, labels, weights, lasts[-1]
+def _count_skipped(decode_stats):
+    def finish_batch(images, labels, weights, lasts, skipped):
+        decode_stats.skipped.assign_add(tf.reduce_sum(tf.cast(skipped, tf.int64)))
+        # Each step's length is a multiple of P, so the step's final element
+        # is always the final element of a physical batch.
+        return images, labels, weights, lasts[-1]
+
+    return finish_batch
 
 
 def _indexed_train_pipeline(
-    source, spec, *, num_steps, start_step, seed, preprocess_fn, input_context
+    source, spec, *, num_steps, start_step, seed, preprocess_fn, input_context, decode_stats
 ):
     host, num_hosts = _hosts(input_context)
 
@@ -95,16 +226,24 @@ def _indexed_train_pipeline(
         seeds = sampling_lib.augment_seeds(seed, step, host, length)
         return tf.data.Dataset.from_tensor_slices((indices, weights, lasts, seeds))
 
+    def fetch(index, weight, last, seed):
+        # Padding reuses example 0 for a valid shape and dtype; it is zeroed.
+        image, label = source.fetch(tf.maximum(index, 0))
+        return image, label, weight, last, seed
+
     ds = tf.data.Dataset.range(start_step, num_steps).flat_map(step_elements)
-    ds = ds.map(
-        _load(source, preprocess_fn), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+    ds = ds.map(fetch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = _guarded_map(
+        ds, preprocess_fn, lambda: _find_substitute(source.as_dataset(), preprocess_fn),
+        decode_stats,
     )
     ds = ds.batch(spec.physical_batch_size, drop_remainder=True)
-    return ds.map(_finish_batch)
+    return ds.map(_count_skipped(decode_stats))
 
 
 def _streaming_train_pipeline(
-    source, spec, *, num_steps, start_step, seed, preprocess_fn, input_context, shuffle_buffer
+    source, spec, *, num_steps, start_step, seed, preprocess_fn, input_context, shuffle_buffer,
+    decode_stats,
 ):
     host, num_hosts = _hosts(input_context)
     per_host = spec.logical_batch_size // num_hosts
@@ -115,22 +254,26 @@ def _streaming_train_pipeline(
     ds = ds.skip(start_step * per_host).take((num_steps - start_step) * per_host)
     counter = tf.data.Dataset.range(start_step * per_host, num_steps * per_host)
 
-    def load(example, position):
+    def attach(example, position):
         image, label = example
         step = position // per_host
         elem = position % per_host
         elem_seed = tf.random.experimental.stateless_fold_in(
             sampling_lib.augment_seeds(seed, step, host, 1)[0], elem
         )
-        image = preprocess_fn(image, elem_seed)
         last = tf.equal(elem, per_host - 1)
-        return image, tf.cast(label, tf.int32), tf.constant(1.0), last
+        return image, tf.cast(label, tf.int32), tf.constant(1.0), last, elem_seed
 
     ds = tf.data.Dataset.zip((ds, counter)).map(
-        load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+        attach, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
+    )
+    ds = _guarded_map(
+        ds, preprocess_fn,
+        lambda: _find_substitute(source.as_dataset(shuffle=False), preprocess_fn),
+        decode_stats,
     )
     ds = ds.batch(spec.physical_batch_size, drop_remainder=True)
-    return ds.map(_finish_batch)
+    return ds.map(_count_skipped(decode_stats))
 
 
 @gin.configurable(module="tfdp.data")
@@ -146,6 +289,7 @@ def make_train_pipeline(
     preprocess_fn=None,
     input_context=None,
     shuffle_buffer=16384,
+    decode_stats=None,
 ):
     """Builds the training pipeline of physical batches.
 
@@ -183,9 +327,14 @@ def make_train_pipeline(
             physical batches. Defaults to `None` (one host).
         shuffle_buffer: int. Shuffle buffer of streaming sources. Defaults
             to `16384`.
+        decode_stats: `DecodeStats`, optional. Counts the real examples
+            whose encoded image failed to decode; those become weight-0
+            examples with a zero image and label 0. Defaults to `None` (a
+            new one).
 
     Returns:
-        A `tf.data.Dataset`.
+        A `tf.data.Dataset`, with the counter as its `decode_stats`
+        attribute.
     """
     _check_source(source, sampling)
     _, num_hosts = _hosts(input_context)
@@ -217,12 +366,15 @@ def make_train_pipeline(
         seed=seed,
         preprocess_fn=preprocess_fn,
         input_context=input_context,
+        decode_stats=decode_stats or DecodeStats(),
     )
     if getattr(source, "random_access", False):
         ds = _indexed_train_pipeline(source, spec, **kwargs)
     else:
         ds = _streaming_train_pipeline(source, spec, shuffle_buffer=shuffle_buffer, **kwargs)
-    return ds.prefetch(tf.data.AUTOTUNE)
+    ds = ds.prefetch(tf.data.AUTOTUNE)
+    ds.decode_stats = kwargs["decode_stats"]
+    return ds
 
 
 @gin.configurable(module="tfdp.data")
@@ -249,13 +401,15 @@ def train_sampling_spec(
     )
 
 
-def _pad_batch(batch_size):
-    def pad(images, labels):
+def _pad_batch(batch_size, decode_stats):
+    def pad(images, labels, weights, lasts, skipped):
+        del lasts
+        decode_stats.skipped.assign_add(tf.reduce_sum(tf.cast(skipped, tf.int64)))
         n = tf.shape(labels)[0]
         missing = batch_size - n
         images = tf.pad(images, [[0, missing]] + [[0, 0]] * (images.shape.rank - 1))
         labels = tf.pad(labels, [[0, missing]])
-        weights = tf.pad(tf.ones([n], tf.float32), [[0, missing]])
+        weights = tf.pad(weights, [[0, missing]])
         images.set_shape([batch_size] + images.shape.as_list()[1:])
         labels.set_shape([batch_size])
         weights.set_shape([batch_size])
@@ -265,11 +419,15 @@ def _pad_batch(batch_size):
 
 
 @gin.configurable(module="tfdp.data")
-def make_eval_pipeline(source, batch_size, preprocess_fn=None, input_context=None):
+def make_eval_pipeline(
+    source, batch_size, preprocess_fn=None, input_context=None, decode_stats=None
+):
     """Builds the evaluation pipeline, every example exactly once.
 
     Elements are `(images, labels, weights)` with static batch size; the
-    final partial batch is padded with zero images of weight 0.
+    final partial batch is padded with zero images of weight 0. An example
+    whose encoded image fails to decode gets weight 0 (and a zero image)
+    and is counted in `decode_stats`.
 
     Args:
         source: A source (see `tfdp.data.sources`).
@@ -279,19 +437,37 @@ def make_eval_pipeline(source, batch_size, preprocess_fn=None, input_context=Non
             needed and scale to [0, 1]).
         input_context: `tf.distribute.InputContext`, optional. Each host
             evaluates a disjoint shard. Defaults to `None`.
+        decode_stats: `DecodeStats`, optional. Counts the skipped
+            (undecodable) examples; it accumulates over passes, so
+            `reset()` it before a pass to count one pass. Defaults to
+            `None` (a new one).
 
     Returns:
-        A `tf.data.Dataset`.
+        A `tf.data.Dataset`, with the counter as its `decode_stats`
+        attribute.
     """
     if batch_size < 1:
         raise ValueError(f"`batch_size` must be positive. Received: batch_size={batch_size}")
     if preprocess_fn is None:
         preprocess_fn = _default_preprocess(source, train=False)
+    image_fn = preprocess_fn
+    decode_stats = decode_stats or DecodeStats()
+
+    def seeded(image, seed):
+        del seed
+        return image_fn(image)
+
     ds = source.as_dataset(shuffle=False, input_context=input_context)
     ds = ds.map(
-        lambda image, label: (preprocess_fn(image), tf.cast(label, tf.int32)),
-        num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=True,
+        lambda image, label: (
+            image, label, tf.constant(1.0), tf.constant(False), tf.zeros([2], tf.int64)
+        )
     )
-    ds = ds.batch(batch_size).map(_pad_batch(batch_size))
-    return ds.prefetch(tf.data.AUTOTUNE)
+    ds = _guarded_map(
+        ds, seeded, lambda: _find_substitute(source.as_dataset(shuffle=False), seeded),
+        decode_stats,
+    )
+    ds = ds.batch(batch_size).map(_pad_batch(batch_size, decode_stats))
+    ds = ds.prefetch(tf.data.AUTOTUNE)
+    ds.decode_stats = decode_stats
+    return ds

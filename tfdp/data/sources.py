@@ -14,6 +14,7 @@ or PNG) instead of a decoded tensor; the preprocessing functions in
 
 import dataclasses
 import functools
+import logging
 
 import gin
 import numpy as np
@@ -437,7 +438,11 @@ def load_tfds(
 
     # access == "in_memory"
     try:
-        ds = builder.as_dataset(split=split)
+        # Encoded bytes: tfds' own decoding would abort the whole load on one
+        # corrupt image; `_decode_in_memory` decodes with a guard instead.
+        ds = builder.as_dataset(
+            split=split, decoders={image_key: tfds.decode.SkipDecoding()}
+        )
     except AssertionError as e:
         raise _not_prepared_error(name, data_dir, builder) from e
     # Chunked reads: `batch_size=-1` aborts the process under tfds mock data.
@@ -445,4 +450,56 @@ def load_tfds(
     for batch in tfds.as_numpy(ds.batch(4096)):
         images.append(batch[image_key])
         labels.append(batch[label_key])
-    return ArraySource(np.concatenate(images), np.concatenate(labels), info)
+    images, labels = np.concatenate(images), np.concatenate(labels)
+    if images.ndim == 1:  # Encoded (image features); decode once, here.
+        images = _decode_in_memory(images, info)
+    return ArraySource(images, labels, info)
+
+
+def _decode_in_memory(encoded, info):
+    """Decodes `[N]` encoded images to `[N, H, W, C]` uint8.
+
+    When some image fails to decode, returns the encoded array unchanged:
+    the pipelines then decode per example and skip (weight 0) and count the
+    undecodable ones, which keeps the loader from aborting on one bad file.
+    """
+    from tfdp.data import pipeline  # Imported here: pipeline builds on sources.
+    from tfdp.data import preprocessing
+
+    shape = tuple(info.image_shape)
+    if not shape or any(d is None for d in shape):
+        return encoded  # Variable sizes: decoded per example by the pipelines.
+    channels = shape[-1]
+
+    def decode(image, seed):
+        del seed
+        return tf.ensure_shape(preprocessing.decode(image, channels), shape)
+
+    stats = pipeline.DecodeStats()
+    ds = tf.data.Dataset.from_tensor_slices(encoded.astype(object))
+    ds = ds.map(
+        lambda image: (image, 0, 1.0, False, tf.zeros([2], tf.int64)),
+    )
+    ds = pipeline._guarded_map(  # pylint: disable=protected-access
+        ds,
+        decode,
+        lambda: pipeline._find_substitute(  # pylint: disable=protected-access
+            tf.data.Dataset.from_tensor_slices(
+                (encoded.astype(object), np.zeros(len(encoded), np.int32))
+            ),
+            decode,
+        ),
+        stats,
+    )
+    decoded, ok = [], []
+    for images, _, weights, _, _ in ds.batch(4096).as_numpy_iterator():
+        decoded.append(images)
+        ok.append(weights > 0)
+    ok = np.concatenate(ok)
+    if not ok.all():
+        logging.getLogger(__name__).warning(
+            "%d of %d images of %s do not decode; keeping the split encoded so the "
+            "pipelines skip (weight 0) and count them.", int((~ok).sum()), len(ok), info.name
+        )
+        return encoded
+    return np.concatenate(decoded)
