@@ -1,4 +1,25 @@
-"""`get_strategy`: one flag picks the tf.distribute strategy."""
+"""tf.distribute for DP-SGD: the strategy, sharded input, chief, precision.
+
+- `get_strategy(name)`: one flag picks the strategy.
+- `distribute_train_pipeline`: builds each worker's share of the training
+  pipeline and hands every replica its part of each physical batch, so that
+  all replicas see the `last` flag of a logical step at the same time.
+- `is_chief` / `checkpoint_dir`: only the chief writes checkpoints and the
+  privacy ledger; the other workers take part in the save (as the TF
+  multi-worker docs require) into a scratch directory that is deleted at
+  exit.
+- `precision_policy`: Keras mixed_bfloat16 (bf16 compute, float32
+  variables) while the model is built.
+
+How the gradient is reduced and where the noise goes: see
+`tfdp/dp/private_step.py` and docs/DISTRIBUTED.md.
+"""
+
+import atexit
+import contextlib
+import os
+import shutil
+import tempfile
 
 import tensorflow as tf
 
@@ -12,7 +33,7 @@ def get_strategy(name="one_device", tpu_address=None):
         name: str. One of "one_device", "mirrored", "multi_worker_mirrored",
             "tpu". Defaults to "one_device".
         tpu_address: str. TPU name or address for "tpu". Defaults to None
-            (the local TPU VM).
+            (the environment variable TPU_NAME, else the local TPU VM).
     """
     if name == "one_device":
         gpus = tf.config.list_logical_devices("GPU")
@@ -22,8 +43,183 @@ def get_strategy(name="one_device", tpu_address=None):
     if name == "multi_worker_mirrored":
         return tf.distribute.MultiWorkerMirroredStrategy()
     if name == "tpu":
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu_address or "")
+        # "" is the TPU VM's own TPU; TPU_NAME (or tpu_address) another one.
+        tpu = tpu_address or os.environ.get("TPU_NAME", "")
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
         tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
         return tf.distribute.TPUStrategy(resolver)
     raise ValueError(f"Unknown strategy; expected one of {STRATEGIES}. Received: strategy={name!r}")
+
+
+# ---------------------------------------------------------------------------
+# Workers.
+# ---------------------------------------------------------------------------
+
+
+def task(strategy):
+    """(task_type, task_id) of this process; (None, None) on a single host."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None:
+        return None, None
+    return getattr(resolver, "task_type", None), getattr(resolver, "task_id", None)
+
+
+def is_chief(strategy):
+    """Whether this process writes checkpoints, the ledger and exports.
+
+    The chief is task "chief", or "worker" 0 when the cluster has no
+    "chief" task (as MultiWorkerMirroredStrategy allows); a single-host
+    strategy (one_device, mirrored, tpu from its VM) is its own chief.
+    """
+    task_type, task_id = task(strategy)
+    if task_type is None:
+        return True
+    if task_type == "chief":
+        return True
+    if task_type == "worker":
+        try:
+            cluster = strategy.cluster_resolver.cluster_spec().as_dict()
+        except Exception:  # pylint: disable=broad-except
+            cluster = {}
+        return "chief" not in cluster and int(task_id or 0) == 0
+    return False
+
+
+def num_workers(strategy):
+    """The number of worker processes (input pipelines)."""
+    return int(getattr(strategy.extended, "_num_workers", 1) or 1)
+
+
+def checkpoint_dir(strategy, directory):
+    """`directory` on the chief; on other workers a scratch dir removed at exit.
+
+    Every worker restores from the chief's `directory` (a filesystem shared
+    by the hosts, e.g. GCS or NFS) and joins each save, but only the chief's
+    save lands there. With the environment variable
+    TFDP_WORKER_CHECKPOINT_DIR set, a non-chief worker keeps its copy in
+    `$TFDP_WORKER_CHECKPOINT_DIR/<task_type><task_id>` instead (to check
+    that the workers agree).
+    """
+    if is_chief(strategy):
+        return directory
+    task_type, task_id = task(strategy)
+    keep = os.environ.get("TFDP_WORKER_CHECKPOINT_DIR")
+    if keep:  # Debugging and tests: keep each worker's copy for comparison.
+        return os.path.join(keep, f"{task_type}{task_id}")
+    scratch = tempfile.mkdtemp(prefix=f"tfdp_{task_type}{task_id}_ckpt_")
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+    return scratch
+
+
+# ---------------------------------------------------------------------------
+# Input.
+# ---------------------------------------------------------------------------
+
+
+def _split_for_replicas(num_local):
+    """One host batch of P_host -> num_local consecutive per-replica batches.
+
+    distribute_datasets_from_function deals consecutive elements to the
+    worker's replicas in turn; splitting each host batch into exactly
+    `num_local` elements keeps every round inside one physical batch, so
+    the `last` flag is the same on every replica.
+    """
+
+    def split(images, labels, weights, last):
+        def parts(t):
+            shape = tf.concat([[num_local, tf.shape(t)[0] // num_local], tf.shape(t)[1:]], 0)
+            out = tf.reshape(t, shape)
+            if t.shape[0] is not None:
+                out.set_shape([num_local, t.shape[0] // num_local] + t.shape.as_list()[1:])
+            return out
+
+        lasts = tf.fill([num_local], last)
+        return tf.data.Dataset.from_tensor_slices((parts(images), parts(labels), parts(weights), lasts))
+
+    return split
+
+
+def distribute_train_pipeline(strategy, make_pipeline, physical_batch_size):
+    """The training pipeline, sharded per worker and split per replica.
+
+    Args:
+        strategy: a tf.distribute strategy.
+        make_pipeline: callable `(physical_batch_size=, input_context=) ->
+            tf.data.Dataset` of `(images, labels, weights, last)` physical
+            batches (e.g. `functools.partial(tfdp.data.make_train_pipeline,
+            source, ...)`). It is called once per worker with that worker's
+            share `physical_batch_size / num_workers` and its InputContext.
+        physical_batch_size: int. The GLOBAL physical batch P (all replicas
+            together). Must be a multiple of the number of replicas; each
+            replica gets P / R examples per physical batch.
+
+    Returns:
+        The plain dataset on one replica, else a distributed dataset whose
+        elements are tuples of per-replica values.
+    """
+    replicas = int(strategy.num_replicas_in_sync)
+    if replicas == 1:
+        return make_pipeline(physical_batch_size=physical_batch_size, input_context=None)
+    if physical_batch_size % replicas:
+        raise ValueError(
+            "physical_batch_size (global, over all replicas) must be a multiple of the "
+            f"number of replicas. Received: physical_batch_size={physical_batch_size}, "
+            f"num_replicas={replicas}"
+        )
+
+    def dataset_fn(input_context):
+        hosts = input_context.num_input_pipelines
+        local = input_context.num_replicas_in_sync // hosts
+        ds = make_pipeline(
+            physical_batch_size=physical_batch_size // hosts,
+            input_context=input_context if hosts > 1 else None,
+        )
+        if local > 1:
+            ds = ds.flat_map(_split_for_replicas(local))
+        return ds.prefetch(tf.data.AUTOTUNE)
+
+    return strategy.distribute_datasets_from_function(dataset_fn)
+
+
+def local_value(strategy, value):
+    """This worker's first replica's value (e.g. the shared `last` flag)."""
+    return strategy.experimental_local_results(value)[0]
+
+
+def is_last(strategy, last):
+    """The `last` flag of a (possibly distributed) physical batch, as a bool."""
+    return bool(local_value(strategy, last))
+
+
+def num_examples(strategy, images):
+    """Examples (padding included) in a global physical batch."""
+    local = sum(int(t.shape[0]) for t in strategy.experimental_local_results(images))
+    return local * num_workers(strategy)
+
+
+# ---------------------------------------------------------------------------
+# Precision.
+# ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def precision_policy(mixed_precision):
+    """Builds models under Keras "mixed_bfloat16" when `mixed_precision`.
+
+    bfloat16 compute, float32 variables; `tfdp.dp.PrivateTrainStep` keeps
+    losses, per-example norms, clipped sums and noise in float32. bfloat16
+    needs no loss scaling (float32's exponent range). The previous global
+    policy is restored on exit; built layers keep theirs.
+    """
+    if not mixed_precision:
+        yield
+        return
+    import keras
+
+    previous = keras.mixed_precision.dtype_policy()
+    keras.mixed_precision.set_dtype_policy("mixed_bfloat16")
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_dtype_policy(previous)

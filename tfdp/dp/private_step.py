@@ -5,7 +5,34 @@ sum of clipped per-example gradients to accumulators; at the end of the
 logical step, Gaussian noise of std σ·C is added once to the total, which is
 divided by the *expected* logical batch size (fixed, public; dividing by the
 realised Poisson batch size would leak it), and the optimizer updates once.
+
+Under a tf.distribute strategy (build the step inside `strategy.scope()`):
+- every replica clips its own examples and keeps its own partial sums: the
+  accumulators are ON_READ/SUM variables, local to each replica (a read in
+  cross-replica context, e.g. a checkpoint, sees the sum over replicas);
+- at `apply()` each replica hands the optimizer
+  `(local_sum + noise / R) / B`, where `noise` ~ N(0, (σC)²) is drawn from
+  the stateless seed `(seed, optimizer.iterations)`, so it is the SAME
+  tensor on every replica, R = `num_replicas_in_sync` and B the global
+  expected logical batch size;
+- Keras 3's optimizer, called in replica context, all-reduces the gradients
+  with a SUM before updating (`TFOptimizer._all_reduce_sum_gradients` in
+  keras/src/backend/tensorflow/optimizer.py): every replica then applies
+  `(Σ_r local_sum_r + noise) / B`, the one-device update, with the noise
+  counted exactly once. The SUM (not MEAN) is pinned by
+  tests/test_distribute.py (σ = 0 equals one device; σ > 0 has std σC/B,
+  rejecting R× and √R× mistakes).
+
+Why one common draw rather than independent N(0, σ²C²/R) per replica: the
+update is then a function of (seed, step) and the examples only, not of the
+number of devices, so a run on 8 GPUs reproduces the one-device run up to
+float summation order, and the noise cannot be over- or under-counted by a
+change of device count. The all-reduce also makes every replica apply the
+same bits even if a device's RNG differed.
 """
+
+
+import logging
 
 import tensorflow as tf
 
@@ -13,8 +40,67 @@ from tfdp.dp import clipping
 from tfdp.dp import noise as noise_lib
 
 
+def _float32_loss(loss_fn):
+    """The loss on float32 predictions: under mixed precision (bf16 compute)
+    the per-example losses, their gradients at the output and the norms are
+    float32."""
+
+    def loss(y_true, y_pred):
+        if y_pred.dtype != tf.float32:
+            y_pred = tf.cast(y_pred, tf.float32)
+        return loss_fn(y_true, y_pred)
+
+    return loss
+
+
+def is_mixed_precision(model):
+    """Whether some layer computes in a lower precision than its variables."""
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        policy = getattr(layer, "dtype_policy", None)
+        if policy is not None and policy.compute_dtype != policy.variable_dtype:
+            return True
+    return False
+
+
+def _mixed_precision_method(model, method):
+    """The tapped methods (ghost/mixed/bk) combine float32 norms with the
+    layers' bf16 inputs and output gradients, which needs float32 casts in
+    the clipping engine (`clipping.TAPPED_MIXED_PRECISION` says they are
+    there). Until then, mixed precision uses "vectorized", whose
+    per-example gradients are float32 (taken w.r.t. float32 variables)."""
+    if (method in clipping.TAPPED_METHODS and is_mixed_precision(model)
+            and not getattr(clipping, "TAPPED_MIXED_PRECISION", False)):
+        logging.warning(
+            "tfdp: method=%r does not support mixed precision yet; using "
+            "method='vectorized' (float32 per-example gradients and norms).", method
+        )
+        return "vectorized"
+    return method
+
+
+def _local_variable(initial_value, name):
+    """A per-replica variable: each replica updates its own copy; a read in
+    cross-replica context returns the sum over replicas."""
+    return tf.Variable(
+        initial_value,
+        trainable=False,
+        name=name,
+        synchronization=tf.VariableSynchronization.ON_READ,
+        aggregation=tf.VariableAggregation.SUM,
+    )
+
+
 class PrivateTrainStep:
-    """DP-SGD train step with virtual steps.
+    """DP-SGD train step with virtual steps, on one device or data-parallel.
+
+    Construct it inside `strategy.scope()` (the model and optimizer too) to
+    train under a tf.distribute strategy; it uses the strategy in scope at
+    construction. `accumulate` then takes either distributed values (from
+    `strategy.distribute_datasets_from_function` or
+    `experimental_distribute_dataset`, one per-replica batch each) or plain
+    tensors holding the global physical batch, which are split across the
+    replicas (padded with weight-0 examples to a multiple of the replica
+    count). See the module docstring for where the noise goes.
 
     Args:
         model: keras.Model. Built; trained in place.
@@ -22,15 +108,16 @@ class PrivateTrainStep:
         per_example_loss_fn: callable. `(y_true, y_pred) -> [B]`.
         l2_norm_clip: float. Clipping bound C.
         noise_multiplier: float. σ; the noise std on the sum is σ·C.
-        expected_batch_size: float. Divides the noisy sum (q·N for Poisson).
+        expected_batch_size: float. Divides the noisy sum (q·N for Poisson),
+            over all replicas.
         method: str. Clipping method (see `clipped_grad_sum`). Defaults to
             "auto".
         weight_decay: float. In-loss L2 coefficient, clipped with the
             gradient. Defaults to 0.
         seed: int. Run seed; step s uses the noise seed (seed, s).
             Defaults to 0.
-        jit_compile: bool. XLA-compile the physical step. Defaults to False
-            (on CPU, XLA slowed every DP path).
+        jit_compile: bool. XLA-compile the per-replica gradient computation.
+            Defaults to False (on CPU, XLA slowed every DP path).
     """
 
     def __init__(
@@ -59,25 +146,36 @@ class PrivateTrainStep:
             )
         self.model = model
         self.optimizer = optimizer
-        self.loss_fn = per_example_loss_fn
+        self.loss_fn = _float32_loss(per_example_loss_fn)
         self.l2_norm_clip = float(l2_norm_clip)
         self.noise_multiplier = float(noise_multiplier)
         self.expected_batch_size = float(expected_batch_size)
-        self.method = clipping.resolve_method(model, method)
+        self.method = _mixed_precision_method(model, clipping.resolve_method(model, method))
         self.weight_decay = float(weight_decay)
         self.seed = int(seed)
+        self.strategy = tf.distribute.get_strategy()
+        self.num_replicas = int(self.strategy.num_replicas_in_sync)
         self.variables = model.trainable_variables
-        self.optimizer.build(self.variables)
-        self.accumulators = [
-            tf.Variable(tf.zeros_like(v), trainable=False, name="dp_accumulator")
-            for v in self.variables
-        ]
-        self.stats = {
-            name: tf.Variable(0.0, trainable=False, name=f"dp_{name}")
-            for name in ("examples", "norm_sum", "clipped", "nonfinite")
-        }
-        self._accumulate_fn = tf.function(self._accumulate, jit_compile=jit_compile)
-        self._apply_fn = tf.function(self._apply)
+        with self.strategy.scope():
+            self.optimizer.build(self.variables)
+            # float32 whatever the compute dtype: clipped sums and noise
+            # are accumulated in float32 under mixed precision too.
+            self.accumulators = [
+                _local_variable(tf.zeros(v.shape, tf.float32), "dp_accumulator")
+                for v in self.variables
+            ]
+            self.stats = {
+                name: _local_variable(0.0, f"dp_{name}")
+                for name in ("examples", "norm_sum", "clipped", "nonfinite")
+            }
+        grad_fn = self._grads_and_stats
+        self._replica_grads = tf.function(grad_fn, jit_compile=True) if jit_compile else grad_fn
+        self._accumulate_fn = tf.function(self._distributed_accumulate)
+        self._apply_fn = tf.function(self._distributed_apply)
+
+    # ------------------------------------------------------------------
+    # Per replica.
+    # ------------------------------------------------------------------
 
     def _grad_sum(self, x, y, weights):
         return clipping.clipped_grad_sum(
@@ -91,43 +189,109 @@ class PrivateTrainStep:
             weight_decay=self.weight_decay,
         )
 
-    def _accumulate(self, x, y, weights):
+    def _grads_and_stats(self, x, y, weights):
+        weights = tf.cast(weights, tf.float32)
         grads, norms = self._grad_sum(x, y, weights)
-        for acc, g in zip(self.accumulators, grads):
-            acc.assign_add(tf.convert_to_tensor(g))
+        grads = [tf.cast(tf.convert_to_tensor(g), tf.float32) for g in grads]
+        norms = tf.cast(norms, tf.float32)
         real = tf.cast(weights > 0, tf.float32)
-        finite = tf.cast(tf.math.is_finite(norms), tf.float32)
-        safe_norms = tf.where(tf.math.is_finite(norms), norms, tf.zeros_like(norms))
-        self.stats["examples"].assign_add(tf.reduce_sum(real))
-        self.stats["norm_sum"].assign_add(tf.reduce_sum(safe_norms * real))
-        self.stats["clipped"].assign_add(
-            tf.reduce_sum(real * finite * tf.cast(norms > self.l2_norm_clip, tf.float32))
-        )
-        self.stats["nonfinite"].assign_add(tf.reduce_sum(real * (1.0 - finite)))
+        finite = tf.math.is_finite(norms)
+        safe_norms = tf.where(finite, norms, tf.zeros_like(norms))
+        finite = tf.cast(finite, tf.float32)
+        stats = {
+            "examples": tf.reduce_sum(real),
+            "norm_sum": tf.reduce_sum(safe_norms * real),
+            "clipped": tf.reduce_sum(
+                real * finite * tf.cast(norms > self.l2_norm_clip, tf.float32)
+            ),
+            "nonfinite": tf.reduce_sum(real * (1.0 - finite)),
+        }
+        return grads, stats
 
-    def _apply(self):
-        seed = noise_lib.step_seed(self.seed, self.optimizer.iterations)
-        noisy = noise_lib.add_noise(
-            [tf.convert_to_tensor(a) for a in self.accumulators],
-            l2_norm_clip=self.l2_norm_clip,
-            noise_multiplier=self.noise_multiplier,
-            seed=seed,
-        )
-        grads = [g / self.expected_batch_size for g in noisy]
+    def _replica_accumulate(self, x, y, weights):
+        grads, stats = self._replica_grads(x, y, weights)
+        for acc, g in zip(self.accumulators, grads):
+            acc.assign_add(g)
+        for name, value in stats.items():
+            self.stats[name].assign_add(value)
+
+    def _replica_apply(self):
+        # Noise placement (see the module docstring). `noise` is identical on
+        # every replica: same stateless seed (seed, step), same shapes. Each
+        # replica contributes noise / R; the optimizer's cross-replica SUM
+        # adds the R contributions back to exactly one draw of N(0, (σC)²).
+        replicas = tf.distribute.get_replica_context().num_replicas_in_sync
+        local = [tf.convert_to_tensor(a) for a in self.accumulators]
+        if self.noise_multiplier > 0:
+            seed = noise_lib.step_seed(self.seed, self.optimizer.iterations)
+            stddev = self.noise_multiplier * self.l2_norm_clip
+            noise = noise_lib.gaussian_noise(local, stddev, seed)
+            if replicas > 1:
+                noise = [n / float(replicas) for n in noise]
+            local = [a + n for a, n in zip(local, noise)]
+        # The divisor is the GLOBAL expected logical batch size.
+        grads = [g / self.expected_batch_size for g in local]
+        # Keras 3 (TF backend) all-reduces these with SUM in replica context.
         self.optimizer.apply(grads, self.variables)
         for acc in self.accumulators:
             acc.assign(tf.zeros_like(acc))
 
+    # ------------------------------------------------------------------
+    # Cross-replica drivers (tf.functions).
+    # ------------------------------------------------------------------
+
+    def _distributed_accumulate(self, x, y, weights):
+        self.strategy.run(self._replica_accumulate, args=(x, y, weights))
+
+    def _distributed_apply(self):
+        self.strategy.run(self._replica_apply)
+
+    def _split_global_batch(self, x, y, weights):
+        """Plain tensors (the global physical batch) -> per-replica values."""
+        r = self.num_replicas
+        x, y, weights = (tf.convert_to_tensor(t) for t in (x, y, weights))
+        n = int(x.shape[0])
+        per = -(-n // r)
+        pad = per * r - n
+
+        def padded(t):
+            if not pad:
+                return t
+            paddings = [[0, pad]] + [[0, 0]] * (t.shape.rank - 1)
+            return tf.pad(t, paddings)
+
+        # Weight-0 padding contributes nothing and is not counted.
+        parts = [tf.split(padded(t), r) for t in (x, y, tf.cast(weights, tf.float32))]
+        return [
+            self.strategy.experimental_distribute_values_from_function(
+                lambda ctx, p=p: p[ctx.replica_id_in_sync_group]
+            )
+            for p in parts
+        ]
+
+    # ------------------------------------------------------------------
+    # Public API.
+    # ------------------------------------------------------------------
+
     def accumulate(self, x, y, weights):
-        """Adds one physical batch's clipped gradient sum."""
+        """Adds one physical batch's clipped gradient sum.
+
+        With several replicas, `x, y, weights` are distributed values (each
+        replica's share), or plain tensors holding the global batch, which
+        are split across the replicas.
+        """
+        if self.num_replicas > 1 and not isinstance(x, tf.distribute.DistributedValues):
+            x, y, weights = self._split_global_batch(x, y, weights)
         self._accumulate_fn(x, y, weights)
 
     def apply(self):
-        """Ends the logical step: noise once, normalise, update."""
+        """Ends the logical step: noise once, normalise, update (on every
+        replica at the same time)."""
         self._apply_fn()
 
     def pop_stats(self):
-        """Mean norm, clipped and non-finite fractions since the last call."""
+        """Mean norm, clipped and non-finite fractions since the last call,
+        over all replicas."""
         values = {k: float(v.numpy()) for k, v in self.stats.items()}
         for v in self.stats.values():
             v.assign(0.0)
