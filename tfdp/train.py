@@ -100,7 +100,7 @@ def _evaluator(model, num_classes):
 
     @tf.function
     def step(images, labels, weights):
-        logits = model(images, training=False)
+        logits = tf.cast(model(images, training=False), tf.float32)  # bf16 under mixed precision
         labels = tf.cast(labels, tf.int32)
         losses = _per_example_loss(labels, logits)
         top1 = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32)
