@@ -137,6 +137,55 @@ class ClippingEquivalenceTest(dp_test_case.DPTestCase, parameterized.TestCase):
             for r, g in zip(ref, got):
                 self.assertAllClose(r, g, rtol=1e-5, atol=1e-6)
 
+    def test_augmentation_multiplicity_matches_naive_and_means_rows(self):
+        model = models.small_convnet(num_classes=10, input_shape=(28, 28, 1))
+        k = 3
+        x = _images(12, 28, channels=1)
+        y = tf.constant(np.repeat([1, 2, 3, 4], k), tf.int32)
+        w = tf.constant(np.repeat([1.0, 0.0, 1.0, 2.0], k), tf.float32)  # Example 1: padding.
+        loss = dp_test_case.per_example_xent
+        ref, ref_norms = dp.clipped_grad_sum(model, loss, x, y, l2_norm_clip=0.3, method="naive",
+                                             sample_weight=w, weight_decay=0.01,
+                                             augmentation_multiplicity=k)
+        self.assertEqual(ref_norms.shape, [4])
+        self.assertEqual(float(ref_norms[1]), 0.0)
+        for method in ("vectorized", "ghost", "mixed", "bk"):
+            got, norms = dp.clipped_grad_sum(model, loss, x, y, l2_norm_clip=0.3, method=method,
+                                             sample_weight=w, weight_decay=0.01,
+                                             augmentation_multiplicity=k)
+            self.assertAllClose(ref_norms, norms, rtol=1e-4, msg=method)
+            for r, g in zip(ref, got):
+                self.assertAllClose(r, g, rtol=1e-4, atol=1e-6, msg=method)
+        # K identical augmentations: the mean gradient is the single one.
+        x1, y1 = x[::k], y[::k]
+        same = tf.repeat(x1, k, axis=0)
+        _, single = dp.clipped_grad_sum(model, loss, x1, y1, l2_norm_clip=0.3, method="bk")
+        _, repeated = dp.clipped_grad_sum(model, loss, same, y, l2_norm_clip=0.3, method="bk",
+                                          augmentation_multiplicity=k)
+        self.assertAllClose(single, repeated, rtol=1e-5)
+
+    def test_nonfinite_example_is_dropped_not_poisoning(self):
+        model = models.small_convnet(num_classes=10, input_shape=(28, 28, 1))
+        x = _images(5, 28, channels=1).numpy()
+        x[2, 3, 4, 0] = np.nan
+        x = tf.constant(x)
+        y = tf.constant([0, 1, 2, 3, 4])
+        loss = dp_test_case.per_example_xent
+        dropped = tf.constant([1, 1, 0, 1, 1], tf.float32)
+        clean_x = tf.where(tf.math.is_finite(x), x, tf.zeros_like(x))
+        for method in ("naive", "vectorized", "ghost", "mixed", "bk"):
+            ref, _ = dp.clipped_grad_sum(model, loss, clean_x, y, l2_norm_clip=0.5, method=method,
+                                         sample_weight=dropped)
+            got, norms = dp.clipped_grad_sum(model, loss, x, y, l2_norm_clip=0.5, method=method)
+            self.assertFalse(np.isfinite(norms.numpy()[2]), method)
+            for r, g in zip(ref, got):
+                self.assertAllClose(r, g, rtol=1e-5, atol=1e-6, msg=method)
+        # Also inside a tf.function (the training path).
+        fn = tf.function(lambda: dp.clipped_grad_sum(model, loss, x, y, l2_norm_clip=0.5,
+                                                     method="mixed")[0])
+        for r, g in zip(ref, fn()):
+            self.assertAllClose(r, g, rtol=1e-5, atol=1e-6)
+
     def test_clipped_examples_have_norm_at_most_c(self):
         model = models.small_convnet(num_classes=10, input_shape=(28, 28, 1))
         x = _images(1, 28, channels=1) * 10.0

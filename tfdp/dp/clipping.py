@@ -88,6 +88,7 @@ def clipped_grad_sum(
     weight_decay=0.0,
     weight_decay_variables=None,
     training=True,
+    augmentation_multiplicity=1,
 ):
     """Sum over the batch of per-example gradients clipped to `l2_norm_clip`.
 
@@ -95,7 +96,13 @@ def clipped_grad_sum(
     plus, for non-padding examples, `0.5 * weight_decay * Σ‖w‖²` over
     `weight_decay_variables` (so weight decay is clipped with the gradient, as
     in Kurakin et al. 2022). An example with weight 0 is padding: it
-    contributes nothing and its norm is reported as 0.
+    contributes nothing and its norm is reported as 0. An example whose
+    gradient is NaN/Inf is dropped (its contribution is zero; its norm is
+    reported as non-finite so callers can count it).
+
+    With `augmentation_multiplicity=K`, rows `i·K … i·K+K-1` of `x` are K
+    augmentations of example i (De et al. 2022): its gradient is the mean of
+    theirs, clipped once, and `norms` has one entry per example.
 
     Args:
         model: keras.Model. Its `trainable_variables` are differentiated.
@@ -111,6 +118,7 @@ def clipped_grad_sum(
         weight_decay_variables: optional list of variables to decay.
             Defaults to the conv and dense kernels.
         training: bool. Passed to the model call. Defaults to True.
+        augmentation_multiplicity: int. Rows per example. Defaults to 1.
 
     Returns:
         (grads, norms): `grads` aligned with `model.trainable_variables`;
@@ -120,16 +128,23 @@ def clipped_grad_sum(
         raise ValueError(
             f"l2_norm_clip must be > 0. Received: l2_norm_clip={l2_norm_clip}"
         )
+    k = int(augmentation_multiplicity)
+    if k < 1:
+        raise ValueError(
+            "augmentation_multiplicity must be >= 1. "
+            f"Received: augmentation_multiplicity={augmentation_multiplicity}"
+        )
     method = resolve_method(model, method)
     x = tf.convert_to_tensor(x)
-    batch = tf.shape(x)[0]
+    rows = tf.shape(x)[0]
     if sample_weight is None:
-        sample_weight = tf.ones([batch], tf.float32)
+        sample_weight = tf.ones([rows], tf.float32)
     sample_weight = tf.cast(tf.reshape(sample_weight, [-1]), tf.float32)
     if weight_decay and weight_decay_variables is None:
         weight_decay_variables = default_weight_decay_variables(model)
     decay = _WeightDecay(weight_decay, weight_decay_variables or [])
-    args = (model, per_example_loss_fn, x, y, sample_weight, l2_norm_clip, decay, training)
+    batch = _Batch(sample_weight, k)
+    args = (model, per_example_loss_fn, x, y, batch, l2_norm_clip, decay, training)
     if method == "naive":
         return _naive(*args)
     if method == "vectorized":
@@ -154,22 +169,33 @@ class _WeightDecay:
         )
 
 
+class _Batch:
+    """Row weights (loss scale, 1/K folded in) and per-example masks."""
+
+    def __init__(self, sample_weight, k):
+        self.k = k
+        self.row_weights = sample_weight / float(k)
+        real_rows = tf.cast(sample_weight > 0, tf.float32)
+        self.mask = tf.reduce_max(tf.reshape(real_rows, [-1, k]), 1) if k > 1 else real_rows
+
+
 def _per_example_losses(model, loss_fn, x, y, weights, training):
     predictions = model(x, training=training)
     losses = tf.reshape(loss_fn(y, predictions), [-1])
     return tf.cast(losses, tf.float32) * weights
 
 
-def _naive(model, loss_fn, x, y, weights, clip, decay, training):
+def _naive(model, loss_fn, x, y, batch, clip, decay, training):
     variables = model.trainable_variables
     sums = [tf.zeros_like(v) for v in variables]
     norms = []
-    mask = tf.cast(weights > 0, tf.float32)
-    for i in range(int(x.shape[0])):
+    mask, k = batch.mask, batch.k
+    for i in range(int(x.shape[0]) // k):
+        rows = slice(i * k, (i + 1) * k)
         with tf.GradientTape() as tape:
-            loss = _per_example_losses(
-                model, loss_fn, x[i : i + 1], y[i : i + 1], weights[i : i + 1], training
-            )[0]
+            loss = tf.reduce_sum(_per_example_losses(
+                model, loss_fn, x[rows], y[rows], batch.row_weights[rows], training
+            ))
             loss = loss + mask[i] * decay.penalty()
         grads = tape.gradient(
             loss, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO
@@ -183,23 +209,27 @@ def _naive(model, loss_fn, x, y, weights, clip, decay, training):
     return sums, tf.stack(norms)
 
 
-def _vectorized(model, loss_fn, x, y, weights, clip, decay, training):
+def _vectorized(model, loss_fn, x, y, batch, clip, decay, training):
     layer_taps.install_taps(model)
     variables = model.trainable_variables
-    mask = tf.cast(weights > 0, tf.float32)
+    mask, k = batch.mask, batch.k
+
+    def grouped(t):
+        t = tf.convert_to_tensor(t)
+        return tf.reshape(t, tf.concat([[-1, k], tf.shape(t)[1:]], 0))
 
     def one_example(args):
-        x_i, y_i, w_i, m_i = args
+        x_i, y_i, w_i, m_i = args  # k rows each.
         with layer_taps.recording("vectorized"), tf.GradientTape() as tape:
-            loss = _per_example_losses(
-                model, loss_fn, x_i[None], y_i[None], w_i[None], training
-            )[0]
+            loss = tf.reduce_sum(_per_example_losses(model, loss_fn, x_i, y_i, w_i, training))
             loss = loss + m_i * decay.penalty()
         return tape.gradient(
             loss, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO
         )
 
-    per_example = tf.vectorized_map(one_example, (x, y, weights, mask))
+    per_example = tf.vectorized_map(
+        one_example, (grouped(x), grouped(y), grouped(batch.row_weights), mask)
+    )
     sq = tf.add_n(
         [tf.reduce_sum(tf.reshape(tf.square(g), [tf.shape(g)[0], -1]), 1) for g in per_example]
     )
@@ -228,7 +258,7 @@ def _group_records(records):
     return [groups[k] for k in order]
 
 
-def _tapped(model, loss_fn, x, y, weights, clip, decay, training, *, method):
+def _tapped(model, loss_fn, x, y, batch, clip, decay, training, *, method):
     uncovered = uncovered_variables(model)
     if uncovered:
         raise ValueError(
@@ -239,10 +269,10 @@ def _tapped(model, loss_fn, x, y, weights, clip, decay, training, *, method):
         )
     layer_taps.install_taps(model)
     variables = model.trainable_variables
-    mask = tf.cast(weights > 0, tf.float32)
+    mask, k = batch.mask, batch.k
     with tf.GradientTape(persistent=method != "bk") as tape:
         with layer_taps.recording() as recorder:
-            losses = _per_example_losses(model, loss_fn, x, y, weights, training)
+            losses = _per_example_losses(model, loss_fn, x, y, batch.row_weights, training)
         total = tf.reduce_sum(losses)
     records = recorder.records
     output_grads = tape.gradient(
@@ -253,14 +283,14 @@ def _tapped(model, loss_fn, x, y, weights, clip, decay, training, *, method):
     grad_of = {id(r): g for r, g in zip(records, output_grads)}
 
     wd_per_example = decay.coefficient * mask
-    sq_norms = tf.zeros_like(weights)
+    sq_norms = tf.zeros_like(mask)
     clipped_sum_fns = []  # Deferred: the coefficients are known only after all norms.
     for group in _group_records(records):
         layer = group[0].layer
         grads = [grad_of[id(r)] for r in group]
         kind = layer._tfdp_kind
         if kind in (KIND_CONV2D, KIND_DENSE):
-            factors = layer_grads.LinearFactors(layer, group, grads)
+            factors = layer_grads.LinearFactors(layer, group, grads, k)
             t, p, d = layer_grads.linear_dims(layer, group)
             mode = layer_grads.linear_norm_mode(kind, t, p, d, method)
             sq = factors.kernel_sq_norms(mode)
@@ -272,10 +302,10 @@ def _tapped(model, loss_fn, x, y, weights, clip, decay, training, *, method):
                 sq_norms += factors.bias_sq_norms()
             clipped_sum_fns.append(_linear_sums(layer, factors, decay))
         elif kind == KIND_EMBEDDING:
-            factors = layer_grads.EmbeddingFactors(layer, group, grads)
+            factors = layer_grads.EmbeddingFactors(layer, group, grads, k)
             sq_norms += factors.sq_norms()
             clipped_sum_fns.append(
-                lambda c, f=factors, v=layer.embeddings: {id(v): f.clipped_sum(c)}
+                lambda c, keep, f=factors, v=layer.embeddings: {id(v): f.clipped_sum(c)}
             )
         else:
             own = layer_taps.own_trainable_variables(layer)
@@ -283,6 +313,7 @@ def _tapped(model, loss_fn, x, y, weights, clip, decay, training, *, method):
                 per_example = layer_grads.norm_per_example_grads(layer, group, grads, own)
             else:
                 per_example = layer_grads.generic_per_example_grads(layer, group, grads, own)
+            per_example = [layer_grads.group_rows(g, k) for g in per_example]
             per_example = [
                 g + tf.reshape(wd_per_example, [-1] + [1] * len(v.shape)) * v
                 if decay.applies(v) else g
@@ -291,37 +322,47 @@ def _tapped(model, loss_fn, x, y, weights, clip, decay, training, *, method):
             for g in per_example:
                 sq_norms += tf.reduce_sum(tf.reshape(tf.square(g), [tf.shape(g)[0], -1]), 1)
             clipped_sum_fns.append(
-                lambda c, pe=per_example, vs=own: {
+                lambda c, keep, pe=per_example, vs=own: {
                     id(v): _weighted_sum(c, g) for v, g in zip(vs, pe)
                 }
             )
 
     norms = tf.sqrt(sq_norms)
     coeffs = clip_coefficients(norms, clip, mask)
-    if method == "bk":
+
+    def book_keeping(keep=None):
         by_variable = {}
         for fn in clipped_sum_fns:
-            by_variable.update(fn(coeffs))
-        result = [by_variable.get(id(v), tf.zeros_like(v)) for v in variables]
-    else:
+            by_variable.update(fn(coeffs, keep))
+        return [by_variable.get(id(v), tf.zeros_like(v)) for v in variables]
+
+    def second_backward():
+        row_coeffs = tf.repeat(coeffs, k) if k > 1 else coeffs
         result = tape.gradient(
-            losses, variables, output_gradients=coeffs,
+            losses, variables, output_gradients=row_coeffs,
             unconnected_gradients=tf.UnconnectedGradients.ZERO,
         )
         # Embedding gradients come back as IndexedSlices: return dense sums.
         result = [tf.convert_to_tensor(g) for g in result]
         total_coeff = tf.reduce_sum(coeffs)
-        result = [
+        return [
             g + decay.coefficient * total_coeff * v if decay.applies(v) else g
             for g, v in zip(result, variables)
         ]
+
+    # A NaN/Inf example (zero coefficient) would still poison a sum through
+    # NaN·0, so when there is one the sums are formed by book-keeping from
+    # inputs and output gradients with that example's rows zeroed.
+    finite = tf.math.is_finite(norms)
+    fast = book_keeping if method == "bk" else second_backward
+    result = tf.cond(tf.reduce_all(finite), fast, lambda: book_keeping(keep=finite))
     del tape
     return result, norms
 
 
 def _linear_sums(layer, factors, decay):
-    def sums(coeffs):
-        kernel = factors.kernel_clipped_sum(coeffs)
+    def sums(coeffs, keep):
+        kernel = factors.kernel_clipped_sum(coeffs, keep)
         if decay.applies(layer.kernel):
             kernel += decay.coefficient * tf.reduce_sum(coeffs) * layer.kernel
         out = {id(layer.kernel): kernel}

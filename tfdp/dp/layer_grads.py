@@ -23,10 +23,36 @@ GHOST = "ghost"
 INSTANTIATE = "instantiate"
 
 
-def _flatten_bt(x):
-    """[B, ..., C] -> [B, T, C]."""
+def _flatten_bt(x, k=1):
+    """[B·k, ..., C] -> [B, k·T, C]: an example's k rows (augmentations) form one T axis.
+
+    The per-example gradient of a group of rows is Σ_rows U_rᵀ G_r, which is
+    U_iᵀ G_i with the rows' positions concatenated, so every Gram-matrix and
+    per-example formula applies to groups unchanged.
+    """
     shape = tf.shape(x)
-    return tf.reshape(x, tf.stack([shape[0], -1, shape[-1]]))
+    return tf.reshape(x, tf.stack([shape[0] // k, -1, shape[-1]]))
+
+
+def group_rows(per_row, k):
+    """[B·k, ...] per-row gradients -> [B, ...] per-example sums."""
+    if k == 1:
+        return per_row
+    shape = tf.shape(per_row)
+    grouped = tf.reshape(per_row, tf.concat([[shape[0] // k, k], shape[1:]], 0))
+    return tf.reduce_sum(grouped, 1)
+
+
+def keep_rows(x, keep):
+    """Zeroes the leading-axis entries where `keep` is False (None: keep all).
+
+    Drops non-finite examples from sums: NaN·0 is NaN, so scaling by a zero
+    clip coefficient alone cannot remove them.
+    """
+    if keep is None:
+        return x
+    shape = [-1] + [1] * (x.shape.rank - 1)
+    return tf.where(tf.reshape(keep, shape), x, tf.zeros_like(x))
 
 
 def unfold_inputs(layer, inputs):
@@ -55,12 +81,13 @@ class LinearFactors:
     `Conv2DBackpropFilter` never unfolds its input.
     """
 
-    def __init__(self, layer, records, output_grads):
+    def __init__(self, layer, records, output_grads, k=1):
         self.layer = layer
+        self.k = k
         self.records = list(records)
         self.output_grads = list(output_grads)
         self.is_conv = layer._tfdp_kind == KIND_CONV2D
-        gs = [_flatten_bt(g) for g in self.output_grads]
+        gs = [_flatten_bt(g, k) for g in self.output_grads]
         self.g = gs[0] if len(gs) == 1 else tf.concat(gs, axis=1)
         self._u = None
         self._z = None
@@ -69,7 +96,7 @@ class LinearFactors:
     @property
     def u(self):
         if self._u is None:
-            us = [unfold_inputs(self.layer, r.inputs) for r in self.records]
+            us = [_flatten_bt(unfold_inputs(self.layer, r.inputs), self.k) for r in self.records]
             self._u = us[0] if len(us) == 1 else tf.concat(us, axis=1)
         return self._u
 
@@ -79,7 +106,7 @@ class LinearFactors:
             bias = self.layer.bias if _has_bias(self.layer) else None
             zs = []
             for record in self.records:
-                z = _flatten_bt(record.outputs)
+                z = _flatten_bt(record.outputs, self.k)
                 zs.append(z if bias is None else z - bias)
             self._z = zs[0] if len(zs) == 1 else tf.concat(zs, axis=1)
         return self._z
@@ -106,20 +133,25 @@ class LinearFactors:
     def bias_sq_norms(self):
         return tf.reduce_sum(tf.square(tf.reduce_sum(self.g, 1)), 1)
 
-    def kernel_clipped_sum(self, coeffs):
+    def kernel_clipped_sum(self, coeffs, keep=None):
+        """Σ_i c_i·(per-example kernel gradient); `keep` (per example) drops NaN ones."""
         kernel_shape = self.layer.kernel.shape
         if self._per_example is not None:
-            summed = tf.tensordot(coeffs, self._per_example, axes=1)
+            summed = tf.tensordot(coeffs, keep_rows(self._per_example, keep), axes=1)
         elif self.is_conv:
             # Σ_i c_i U_iᵀ G_i is the conv kernel gradient of the output
             # gradient scaled per example: no unfolded input needed.
             strides, dilations, padding = layer_taps.conv_geometry(self.layer)
+            row_coeffs = tf.repeat(coeffs, self.k) if self.k > 1 else coeffs
+            row_keep = None if keep is None else tf.repeat(keep, self.k)
             summed = None
             for record, grad in zip(self.records, self.output_grads):
                 part = tf.raw_ops.Conv2DBackpropFilter(
-                    input=record.inputs,
+                    input=keep_rows(record.inputs, row_keep),
                     filter_sizes=tf.constant(kernel_shape.as_list(), tf.int32),
-                    out_backprop=grad * tf.cast(coeffs, grad.dtype)[:, None, None, None],
+                    out_backprop=tf.math.multiply_no_nan(
+                        grad, tf.cast(row_coeffs, grad.dtype)[:, None, None, None]
+                    ),
                     strides=strides,
                     padding=padding,
                     dilations=dilations,
@@ -128,8 +160,8 @@ class LinearFactors:
                 summed = part if summed is None else summed + part
             return summed
         else:
-            weighted = self.g * coeffs[:, None, None]
-            u = self.u
+            weighted = tf.math.multiply_no_nan(self.g, coeffs[:, None, None])
+            u = keep_rows(self.u, keep)
             summed = tf.matmul(
                 tf.reshape(u, [-1, tf.shape(u)[-1]]),
                 tf.reshape(weighted, [-1, tf.shape(weighted)[-1]]),
@@ -138,16 +170,19 @@ class LinearFactors:
         return tf.reshape(summed, kernel_shape)
 
     def bias_clipped_sum(self, coeffs):
-        return tf.einsum("btp,b->p", self.g, coeffs)
+        return tf.reduce_sum(tf.math.multiply_no_nan(self.g, coeffs[:, None, None]), [0, 1])
 
 
 class EmbeddingFactors:
     """Token ids and output gradients of all calls of an Embedding layer."""
 
-    def __init__(self, layer, records, output_grads):
+    def __init__(self, layer, records, output_grads, k=1):
         self.layer = layer
-        ids = [tf.reshape(tf.cast(r.inputs, tf.int32), [tf.shape(r.inputs)[0], -1]) for r in records]
-        gs = [_flatten_bt(g) for g in output_grads]
+        ids = [
+            tf.reshape(tf.cast(r.inputs, tf.int32), [tf.shape(r.inputs)[0] // k, -1])
+            for r in records
+        ]
+        gs = [_flatten_bt(g, k) for g in output_grads]
         self.ids = ids[0] if len(ids) == 1 else tf.concat(ids, 1)
         self.g = gs[0] if len(gs) == 1 else tf.concat(gs, 1)
 
@@ -157,7 +192,7 @@ class EmbeddingFactors:
         return tf.reduce_sum(same * gg, [1, 2])
 
     def clipped_sum(self, coeffs):
-        weighted = self.g * coeffs[:, None, None]
+        weighted = tf.math.multiply_no_nan(self.g, coeffs[:, None, None])
         dim = tf.shape(self.g)[-1]
         return tf.math.unsorted_segment_sum(
             tf.reshape(weighted, [-1, dim]),
