@@ -196,3 +196,26 @@ class VectorizedHasNoWhileLoopTest(tf.test.TestCase):
 
 if __name__ == "__main__":
     tf.test.main()
+
+
+class MixedPrecisionTest(tf.test.TestCase):
+
+    def test_tapped_methods_work_in_float32_under_bfloat16(self):
+        keras.utils.set_random_seed(0)
+        x = tf.random.normal([4, 28, 28, 1])
+        y = tf.constant([0, 1, 2, 3])
+        reference = _model()
+        keras.mixed_precision.set_global_policy("mixed_bfloat16")
+        try:
+            model = _model()
+        finally:
+            keras.mixed_precision.set_global_policy("float32")
+        model.set_weights(reference.get_weights())
+        _, ref_norms = dp.clipped_grad_sum(reference, dp_test_case.per_example_xent, x, y,
+                                           l2_norm_clip=1.0, method="naive")
+        for method in ("ghost", "mixed", "bk"):
+            grads, norms = dp.clipped_grad_sum(model, dp_test_case.per_example_xent, x, y,
+                                               l2_norm_clip=1.0, method=method)
+            self.assertEqual({g.dtype for g in grads}, {tf.float32})
+            self.assertEqual(norms.dtype, tf.float32)
+            self.assertAllClose(norms, ref_norms, rtol=5e-2)

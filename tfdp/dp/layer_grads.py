@@ -89,6 +89,7 @@ class LinearFactors:
         self.is_conv = layer._tfdp_kind == KIND_CONV2D
         gs = [_flatten_bt(g, k) for g in self.output_grads]
         self.g = gs[0] if len(gs) == 1 else tf.concat(gs, axis=1)
+        self.g = tf.cast(self.g, tf.float32)  # Clipping arithmetic in float32 under bf16.
         self._u = None
         self._z = None
         self._per_example = None
@@ -96,7 +97,10 @@ class LinearFactors:
     @property
     def u(self):
         if self._u is None:
-            us = [_flatten_bt(unfold_inputs(self.layer, r.inputs), self.k) for r in self.records]
+            us = [
+                _flatten_bt(unfold_inputs(self.layer, tf.cast(r.inputs, tf.float32)), self.k)
+                for r in self.records
+            ]
             self._u = us[0] if len(us) == 1 else tf.concat(us, axis=1)
         return self._u
 
@@ -106,7 +110,7 @@ class LinearFactors:
             bias = self.layer.bias if _has_bias(self.layer) else None
             zs = []
             for record in self.records:
-                z = _flatten_bt(record.outputs, self.k)
+                z = _flatten_bt(tf.cast(record.outputs, tf.float32), self.k)
                 zs.append(z if bias is None else z - bias)
             self._z = zs[0] if len(zs) == 1 else tf.concat(zs, axis=1)
         return self._z
@@ -147,10 +151,10 @@ class LinearFactors:
             summed = None
             for record, grad in zip(self.records, self.output_grads):
                 part = tf.raw_ops.Conv2DBackpropFilter(
-                    input=keep_rows(record.inputs, row_keep),
+                    input=keep_rows(tf.cast(record.inputs, tf.float32), row_keep),
                     filter_sizes=tf.constant(kernel_shape.as_list(), tf.int32),
                     out_backprop=tf.math.multiply_no_nan(
-                        grad, tf.cast(row_coeffs, grad.dtype)[:, None, None, None]
+                        tf.cast(grad, tf.float32), row_coeffs[:, None, None, None]
                     ),
                     strides=strides,
                     padding=padding,
@@ -182,7 +186,7 @@ class EmbeddingFactors:
             tf.reshape(tf.cast(r.inputs, tf.int32), [tf.shape(r.inputs)[0] // k, -1])
             for r in records
         ]
-        gs = [_flatten_bt(g, k) for g in output_grads]
+        gs = [_flatten_bt(tf.cast(g, tf.float32), k) for g in output_grads]
         self.ids = ids[0] if len(ids) == 1 else tf.concat(ids, 1)
         self.g = gs[0] if len(gs) == 1 else tf.concat(gs, 1)
 
