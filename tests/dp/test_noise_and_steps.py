@@ -219,3 +219,36 @@ class MixedPrecisionTest(tf.test.TestCase):
             self.assertEqual({g.dtype for g in grads}, {tf.float32})
             self.assertEqual(norms.dtype, tf.float32)
             self.assertAllClose(norms, ref_norms, rtol=5e-2)
+
+
+class AugmentationMultiplicityStepTest(tf.test.TestCase):
+
+    def test_augmentations_differ_and_are_reproducible(self):
+        from tfdp.dp import augmentation_multiplicity as am
+
+        x = tf.random.normal([2, 8, 8, 1])
+        a = am.flip_and_translate(tf.repeat(x, 4, 0), tf.constant([1, 2], tf.int64))
+        b = am.flip_and_translate(tf.repeat(x, 4, 0), tf.constant([1, 2], tf.int64))
+        self.assertAllEqual(a, b)
+        self.assertEqual(a.shape, [8, 8, 8, 1])
+        distinct = {a[i].numpy().tobytes() for i in range(4)}
+        self.assertGreater(len(distinct), 1)
+
+    def test_step_with_multiplicity_clips_the_mean_gradient(self):
+        # σ = 0 and a tiny C: every example's mean gradient is clipped to C,
+        # so the update norm is at most lr·C·(examples)/B.
+        model = _model()
+        before = [v.numpy() for v in model.trainable_variables]
+        step = dp.PrivateTrainStep(
+            model, keras.optimizers.SGD(1.0), dp_test_case.per_example_xent,
+            l2_norm_clip=1e-3, noise_multiplier=0.0, expected_batch_size=4.0,
+            augmentation_multiplicity=3,
+        )
+        x, y = _batch(4)
+        step.accumulate(x, y, tf.ones([4]))
+        step.apply()
+        delta = np.sqrt(sum(np.sum((v.numpy() - b) ** 2)
+                            for v, b in zip(model.trainable_variables, before)))
+        self.assertLessEqual(delta, 1e-3 * 4 / 4.0 * (1 + 1e-4))
+        self.assertGreater(delta, 0.0)
+        self.assertEqual(step.pop_stats()["examples"], 4.0)

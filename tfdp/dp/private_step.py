@@ -36,6 +36,7 @@ import logging
 
 import tensorflow as tf
 
+from tfdp.dp import augmentation_multiplicity as augmentation_multiplicity_lib
 from tfdp.dp import clipping
 from tfdp.dp import noise as noise_lib
 
@@ -118,6 +119,11 @@ class PrivateTrainStep:
             Defaults to 0.
         jit_compile: bool. XLA-compile the per-replica gradient computation.
             Defaults to False (on CPU, XLA slowed every DP path).
+        augmentation_multiplicity: int. K > 1 averages each example's
+            gradient over K on-device augmentations before clipping.
+            Defaults to 1.
+        augment_fn: callable. `(images, seed) -> images` for K > 1.
+            Defaults to a random flip and a 4-px translation.
     """
 
     def __init__(
@@ -133,7 +139,16 @@ class PrivateTrainStep:
         weight_decay=0.0,
         seed=0,
         jit_compile=False,
+        augmentation_multiplicity=1,
+        augment_fn=None,
     ):
+        if int(augmentation_multiplicity) < 1:
+            raise ValueError(
+                "augmentation_multiplicity must be >= 1. "
+                f"Received: augmentation_multiplicity={augmentation_multiplicity}"
+            )
+        self.augmentation_multiplicity = int(augmentation_multiplicity)
+        self.augment_fn = augment_fn or augmentation_multiplicity_lib.flip_and_translate
         if not l2_norm_clip > 0:
             raise ValueError(f"l2_norm_clip must be > 0. Received: l2_norm_clip={l2_norm_clip}")
         if noise_multiplier is None or noise_multiplier < 0:
@@ -168,6 +183,9 @@ class PrivateTrainStep:
                 name: _local_variable(0.0, f"dp_{name}")
                 for name in ("examples", "norm_sum", "clipped", "nonfinite")
             }
+            # Physical batches seen in the current logical step: with the
+            # step, it seeds the augmentations (reproducible on resume).
+            self._micro_batches = _local_variable(0.0, "dp_micro_batches")
         grad_fn = self._grads_and_stats
         self._replica_grads = tf.function(grad_fn, jit_compile=True) if jit_compile else grad_fn
         self._accumulate_fn = tf.function(self._distributed_accumulate)
@@ -178,6 +196,16 @@ class PrivateTrainStep:
     # ------------------------------------------------------------------
 
     def _grad_sum(self, x, y, weights):
+        k = self.augmentation_multiplicity
+        if k > 1:
+            seed = tf.stack([
+                tf.cast(self.seed, tf.int64) + 1,
+                tf.cast(self.optimizer.iterations, tf.int64) * 100_003
+                + tf.cast(self._micro_batches, tf.int64),
+            ])
+            x, y, weights = augmentation_multiplicity_lib.repeat_and_augment(
+                x, y, weights, k, seed, self.augment_fn
+            )
         return clipping.clipped_grad_sum(
             self.model,
             self.loss_fn,
@@ -187,6 +215,7 @@ class PrivateTrainStep:
             method=self.method,
             sample_weight=weights,
             weight_decay=self.weight_decay,
+            augmentation_multiplicity=k,
         )
 
     def _grads_and_stats(self, x, y, weights):
@@ -214,6 +243,7 @@ class PrivateTrainStep:
             acc.assign_add(g)
         for name, value in stats.items():
             self.stats[name].assign_add(value)
+        self._micro_batches.assign_add(1.0)
 
     def _replica_apply(self):
         # Noise placement (see the module docstring). `noise` is identical on
@@ -235,6 +265,7 @@ class PrivateTrainStep:
         self.optimizer.apply(grads, self.variables)
         for acc in self.accumulators:
             acc.assign(tf.zeros_like(acc))
+        self._micro_batches.assign(0.0)
 
     # ------------------------------------------------------------------
     # Cross-replica drivers (tf.functions).
