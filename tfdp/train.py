@@ -13,6 +13,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import sys
 import time
 
@@ -122,6 +123,13 @@ def _evaluator(model, num_classes):
     return evaluate
 
 
+def _kept_checkpoint(ckpt):
+    """Where the last good state is, for the NaN/Inf stop messages."""
+    if ckpt.latest:
+        return f"The last good checkpoint is kept: {ckpt.latest}"
+    return f"No checkpoint was written yet (none in {ckpt.directory}); a rerun starts over"
+
+
 def _check_step_is_finite(step_fn, step, ckpt, counted_before):
     """Stops when every example of a logical step had a non-finite gradient.
 
@@ -135,7 +143,7 @@ def _check_step_is_finite(step_fn, step, ckpt, counted_before):
     if examples > 0 and nonfinite >= examples:
         raise FloatingPointError(
             f"Every example of step {step + 1} had a NaN/Inf loss or gradient: stopping "
-            f"before applying it. The last good checkpoint is kept in {ckpt.directory}; "
+            f"before applying it. {_kept_checkpoint(ckpt)}; "
             "lower the learning rate or check the input data."
         )
     return counts
@@ -240,6 +248,7 @@ def train(
     init_checkpoint=None,
     freeze_sub_blocks=0,
     ema_decay=None,
+    augmentation_multiplicity=1,
     export_model=True,
 ):
     """Trains a classifier with DP-SGD (or without, for public pretraining).
@@ -304,6 +313,9 @@ def train(
             Frozen variables get no per-example work. Defaults to 0.
         ema_decay: float. Evaluate (and export) an exponential moving
             average of the parameters. Defaults to None (off).
+        augmentation_multiplicity: int. Average each example's gradient
+            over K on-device augmentations (flip + 4-px shift) before
+            clipping (De et al. 2022). Defaults to 1 (off).
         export_model: bool. Save `model.keras` and a SavedModel at the end.
             Defaults to True.
 
@@ -401,6 +413,7 @@ def train(
                 model, optimizer, _per_example_loss, l2_norm_clip=l2_norm_clip,
                 noise_multiplier=noise_multiplier, expected_batch_size=spec.expected_batch_size,
                 method=clipping_method, weight_decay=weight_decay, seed=seed, jit_compile=jit_compile,
+                augmentation_multiplicity=augmentation_multiplicity,
             )
         else:
             step_fn = dp.NonPrivateTrainStep(
@@ -470,13 +483,17 @@ def train(
     # Train loop
     # ===================================================================
     evaluate = _evaluator(model, info.num_classes)
-    test_ds = data_lib.make_eval_pipeline(test_src, eval_batch_size, preprocess_fn=eval_pre)
+    # Undecodable images are skipped (weight 0, no gradient) and counted.
+    train_decode_stats, eval_decode_stats = data_lib.DecodeStats(), data_lib.DecodeStats()
+    test_ds = data_lib.make_eval_pipeline(test_src, eval_batch_size, preprocess_fn=eval_pre,
+                                          decode_stats=eval_decode_stats)
     train_eval_src = train_src
     if hasattr(train_src, "images") and len(train_src) > train_eval_examples:
         train_eval_src = data_lib.ArraySource(
             train_src.images[:train_eval_examples], train_src.labels[:train_eval_examples], info
         )
-    train_eval_ds = data_lib.make_eval_pipeline(train_eval_src, eval_batch_size, preprocess_fn=eval_pre)
+    train_eval_ds = data_lib.make_eval_pipeline(train_eval_src, eval_batch_size, preprocess_fn=eval_pre,
+                                                decode_stats=eval_decode_stats)
     writer = tf.summary.create_file_writer(os.path.join(workdir, "tensorboard"))
     checkpoint_every = checkpoint_every_steps or steps_per_epoch
     end_step = budget_steps
@@ -484,7 +501,7 @@ def train(
     pipeline = distribute.distribute_train_pipeline(dist, lambda **per_worker: data_lib.make_train_pipeline(
         train_src, sampling=sampling,
         logical_batch_size=logical_batch_size, num_steps=end_step, start_step=min(start_step, end_step),
-        seed=seed, preprocess_fn=train_pre, **per_worker,
+        seed=seed, preprocess_fn=train_pre, decode_stats=train_decode_stats, **per_worker,
     ), physical_batch_size)
     step = start_step
     epsilon = ledger.epsilon() if ledger is not None else math.inf
@@ -495,28 +512,36 @@ def train(
 
     def end_of_epoch(step):
         nonlocal metrics
+        eval_decode_stats.reset()
         with ema.swapped() if ema is not None else contextlib.nullcontext():
             train_metrics = evaluate(train_eval_ds)
             test_metrics = evaluate(test_ds)
         if not math.isfinite(train_metrics["loss"]):
             raise FloatingPointError(
                 f"The training loss is {train_metrics['loss']} at step {step}: stopping. "
-                f"The last good checkpoint is kept in {ckpt.directory}; lower the "
+                f"{_kept_checkpoint(ckpt)}; lower the "
                 "learning rate or check the input data."
             )
         metrics = {"train_" + k: v for k, v in train_metrics.items()}
         metrics.update({"test_" + k: v for k, v in test_metrics.items()})
         metrics["epsilon"] = epsilon
+        skipped_train, skipped_eval = train_decode_stats.value(), eval_decode_stats.value()
         with writer.as_default(step=step):
             for k, v in metrics.items():
                 if math.isfinite(v):
                     tf.summary.scalar(k, v)
+            tf.summary.scalar("skipped_undecodable_train", skipped_train)
+            tf.summary.scalar("skipped_undecodable_eval", skipped_eval)
         _log(
             f"epoch {step / spec.steps_per_epoch:5.2f} step {step}/{total_steps}: "
             f"loss={train_metrics['loss']:.4f} train_acc={train_metrics['accuracy']:.4f} "
             f"test_acc={test_metrics['accuracy']:.4f} epsilon={epsilon:.3f} (delta={delta}) "
             f"[{time.time() - t_start:.0f}s]"
         )
+        if skipped_train or skipped_eval:
+            _log(f"  warning: skipped {skipped_train} undecodable images so far in training "
+                 f"(weight 0: no gradient) and {skipped_eval} in this evaluation "
+                 "(train subset and test set)")
 
     for images, labels, weights, last in pipeline:
         try:
@@ -583,6 +608,7 @@ def train(
         "test_accuracy": metrics["test_accuracy"], "epsilon": epsilon, "delta": delta,
         "steps": step, "noise_multiplier": ledger.noise_multiplier if ledger else 0.0,
         "wall_time_s": time.time() - t_start,
+        "skipped_undecodable_train": train_decode_stats.value(),
     }
     with open(os.path.join(workdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
@@ -594,12 +620,31 @@ def train(
     return summary
 
 
+def _quiet_startup_noise():
+    """One-line warnings; drops gin's false "Path not found" errors.
+
+    gin first looks each `include` up as a Python package resource and logs
+    "Path not found" at ERROR when that fails, although its search path
+    then finds the file.
+    """
+    import logging
+    import warnings
+
+    def drop_gin_probe(record):
+        return not (record.getMessage().startswith("Path not found: ")
+                    and record.pathname.endswith(os.path.join("gin", "resource_reader.py")))
+
+    logging.getLogger().addFilter(drop_gin_probe)
+    warnings.formatwarning = lambda message, category, *args, **kwargs: f"warning: {message}\n"
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     from tfdp import config
 
     absl_logging.set_verbosity(absl_logging.WARNING)
+    _quiet_startup_noise()
     gin_files = _GIN_FILE.value or [DEFAULT_GIN_FILE]
     try:
         config.parse(gin_files, _GIN_PARAM.value or [])
@@ -610,6 +655,8 @@ def main(argv):
         if _TRACEBACK.value:
             raise
         message = " ".join(str(e).split())
+        # gin appends "In call to configurable 'x' (<function x at 0x...>)".
+        message = re.sub(r"\s*In call to configurable '[^']*' \(<[^>]*>\)", "", message)
         print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
 
