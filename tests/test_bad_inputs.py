@@ -1,0 +1,178 @@
+"""Bad inputs give clear errors (or a skip and a count), not tracebacks.
+
+The rows of docs/ROBUSTNESS.md that tests/test_train.py does not cover:
+C < 0, delta <= 0, delta >= 1/N, shuffle with P not dividing B, an
+unprepared tfds dataset, a BatchNormalization model, an init checkpoint of
+another architecture, an unknown strategy, corrupt images through the
+trainer, and the one-line `error:` form of gin-wrapped errors on the CLI.
+Most run in-process (`tfdp.config.parse` + `tfdp.train.train`) and fail
+before any training step.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import gin
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfdp import config
+from tfdp import data
+from tfdp import train as train_lib
+
+QUICK = [
+    "train.dataset = 'digits'",
+    "train.epochs = 1",
+    "train.logical_batch_size = 128",
+    "train.physical_batch_size = 64",
+    "train.export_model = False",
+    "train.log_every_steps = 100",
+    "train.noise_multiplier = 1.0",  # No calibration: faster.
+    "train.target_epsilon = None",
+]
+
+
+@gin.configurable(module="tests")
+def batchnorm_model(num_classes, input_shape):
+    return keras.Sequential([
+        keras.Input(input_shape),
+        keras.layers.Conv2D(4, 3),
+        keras.layers.BatchNormalization(),
+        keras.layers.Flatten(),
+        keras.layers.Dense(num_classes),
+    ])
+
+
+class BadInputsTest(tf.test.TestCase):
+
+    def _train(self, *bindings, workdir=None):
+        config.parse(["mnist_default.gin"], QUICK + list(bindings))
+        return train_lib.train(workdir or self.create_tempdir().full_path)
+
+    def test_invalid_hyperparameters(self):
+        cases = {
+            "train.l2_norm_clip = -1.0": "l2_norm_clip",
+            "train.delta = 0.0": "delta must be in",
+            "train.delta = -1e-5": "delta must be in",
+            "train.target_epsilon = 0.0": "target_epsilon must be > 0",
+            "train.epochs = 0": "epochs must be > 0",
+            "train.physical_batch_size = -1": "Batch sizes",
+            "train.lr_schedule = 'linear'": "lr_schedule",
+        }
+        for binding, needle in cases.items():
+            with self.subTest(binding):
+                with self.assertRaisesRegex(ValueError, needle):
+                    self._train(binding)
+
+    def test_shuffle_physical_batch_must_divide_logical(self):
+        with self.assertRaisesRegex(ValueError, "must divide"):
+            self._train("train.sampling = 'shuffle'", "train.physical_batch_size = 48")
+
+    def test_unprepared_tfds_dataset(self):
+        empty = self.create_tempdir().full_path
+        with self.assertRaisesRegex(ValueError, "not prepared.*tfds build cifar10"):
+            self._train("train.dataset = 'cifar10'", f"train.data_dir = '{empty}'")
+
+    def test_batchnorm_model_is_refused(self):
+        with self.assertRaisesRegex(ValueError, "BatchNormalization.*replace_batchnorm"):
+            self._train("train.model_fn = @tests.batchnorm_model")
+
+    def test_init_checkpoint_of_another_architecture(self):
+        path = os.path.join(self.create_tempdir().full_path, "other.keras")
+        keras.Sequential([
+            keras.Input((8, 8, 1)), keras.layers.Flatten(),
+            keras.layers.Dense(7, name="d1"), keras.layers.Dense(10, name="head_dense"),
+        ]).save(path)
+        with self.assertRaisesRegex(ValueError, r"(?s)mismatch.*conv1: missing from the source"):
+            self._train(f"train.init_checkpoint = '{path}'")
+        with self.assertRaisesRegex(ValueError, "not found"):
+            self._train(f"train.init_checkpoint = '{path[:-6]}_missing.keras'")
+
+    def test_unknown_strategy(self):
+        config.parse(["mnist_default.gin"], QUICK)
+        with self.assertRaisesRegex(ValueError, "Unknown strategy.*'bogus'"):
+            train_lib.train(self.create_tempdir().full_path, strategy_name="bogus")
+
+    def test_delta_above_one_over_n_warns(self):
+        # The ledger warns when it is created; the missing init checkpoint
+        # then stops the run before any training.
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with self.assertRaisesRegex(ValueError, "not found"):
+                self._train("train.delta = 0.01", "train.init_checkpoint = '/nonexistent.keras'")
+        messages = [str(w.message) for w in caught]
+        self.assertTrue(any("is >= 1/dataset_size" in m for m in messages), messages)
+
+    def test_corrupt_images_are_skipped_counted_and_logged(self):
+        train_src, test_src, _ = data.load_offline("digits")
+        info = data.DatasetInfo("digits_jpeg", 10, (8, 8, 3))
+
+        def encode(source, corrupt):
+            images = (np.repeat(source.images, 3, -1) * 255).astype(np.uint8)
+            encoded = [tf.io.encode_jpeg(image).numpy() for image in images]
+            for i in corrupt:
+                encoded[i] = encoded[i][: len(encoded[i]) // 2] if i % 2 else b""
+            return data.ArraySource(np.array(encoded, dtype=object), source.labels, info)
+
+        corrupt_train = list(range(0, 1437, 7))  # 206 of 1437: some in every step.
+        sources = (encode(train_src, corrupt_train), encode(test_src, [1, 2, 3]), info, None, None)
+        original = train_lib.load_data
+        train_lib.load_data = lambda *args, **kwargs: sources
+        workdir = self.create_tempdir().full_path
+        try:
+            with _Capture() as out:
+                summary = self._train(workdir=workdir)
+        finally:
+            train_lib.load_data = original
+        self.assertEqual(summary["steps"], 12)
+        skipped = summary["skipped_undecodable_train"]
+        # ~ q * 206 per step over 12 steps (q = 128/1437): well away from 0 and 206.
+        self.assertGreater(skipped, 50)
+        self.assertLess(skipped, 206 * 2)
+        self.assertRegex(out.text, rf"skipped {skipped} undecodable images so far in training")
+        self.assertIn("and 209 in this evaluation", out.text)  # 206 train + 3 test.
+        with open(os.path.join(workdir, "summary.json")) as f:
+            self.assertEqual(json.load(f)["skipped_undecodable_train"], skipped)
+
+    def test_cli_error_lines_drop_gin_call_suffix_and_probe_noise(self):
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+        result = subprocess.run(
+            [sys.executable, "-m", "tfdp.train", *(f"--gin_param={b}" for b in QUICK),
+             "--gin_param=train.l2_norm_clip = -1.0",
+             f"--workdir={self.create_tempdir().full_path}"],
+            capture_output=True, text=True, env=env, timeout=300,
+        )
+        self.assertEqual(result.returncode, 2, result.stderr[-2000:])
+        self.assertNotIn("Traceback", result.stderr)
+        self.assertNotIn("In call to configurable", result.stderr)
+        self.assertNotIn("Path not found", result.stderr)  # gin's include probe.
+        self.assertIn(
+            "error: l2_norm_clip (C) must be > 0. Received: l2_norm_clip=-1.0\n", result.stderr
+        )
+
+
+class _Capture:
+    """Captures what the trainer prints (`_log` writes to stdout)."""
+
+    def __enter__(self):
+        import contextlib
+        import io
+
+        self._buffer = io.StringIO()
+        self._redirect = contextlib.redirect_stdout(self._buffer)
+        self._redirect.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._redirect.__exit__(*exc)
+        self.text = self._buffer.getvalue()
+        sys.stdout.write(self.text)
+        return False
+
+
+if __name__ == "__main__":
+    tf.test.main()
