@@ -15,6 +15,7 @@ import math
 import os
 import re
 import sys
+import tempfile
 import time
 
 # Quiet TF's C++ start-up chatter; must precede the first TensorFlow import.
@@ -339,6 +340,9 @@ def train(
                            logical_batch_size, physical_batch_size, epochs)
     # Created first: MultiWorkerMirroredStrategy must exist before other TF ops.
     dist = distribute.get_strategy(strategy)
+    # Only the chief writes logs, configs, the summary and the exported model;
+    # other workers write theirs to a scratch directory.
+    out_dir = workdir if distribute.is_chief(dist) else tempfile.mkdtemp(prefix="tfdp_worker_")
     keras.utils.set_random_seed(seed)
     os.makedirs(workdir, exist_ok=True)
 
@@ -460,7 +464,7 @@ def train(
     if start_step:
         _log(f"resumed from {ckpt.latest} at step {start_step}")
 
-    with open(os.path.join(workdir, "config.gin"), "w") as f:
+    with open(os.path.join(out_dir, "config.gin"), "w") as f:
         f.write(gin.config_str())
     if private:
         _log(str(dp.plan(model, info.image_shape, physical_batch_size, clipping_method)))
@@ -494,7 +498,7 @@ def train(
         )
     train_eval_ds = data_lib.make_eval_pipeline(train_eval_src, eval_batch_size, preprocess_fn=eval_pre,
                                                 decode_stats=eval_decode_stats)
-    writer = tf.summary.create_file_writer(os.path.join(workdir, "tensorboard"))
+    writer = tf.summary.create_file_writer(os.path.join(out_dir, "tensorboard"))
     checkpoint_every = checkpoint_every_steps or steps_per_epoch
     end_step = budget_steps
     # Each worker builds its share; each replica gets P / R of every batch.
@@ -596,21 +600,21 @@ def train(
     # ===================================================================
     # Summary
     # ===================================================================
-    with open(os.path.join(workdir, "operative_config.gin"), "w") as f:
+    with open(os.path.join(out_dir, "operative_config.gin"), "w") as f:
         f.write(gin.operative_config_str())
     if export_model:
         if ema is not None:
             ema.copy_to_parameters()
-        model.save(os.path.join(workdir, "model.keras"))
-        model.export(os.path.join(workdir, "saved_model"), verbose=False)
-        _log(f"exported {os.path.join(workdir, 'model.keras')} and {workdir}/saved_model")
+        model.save(os.path.join(out_dir, "model.keras"))
+        model.export(os.path.join(out_dir, "saved_model"), verbose=False)
+        _log(f"exported {os.path.join(out_dir, 'model.keras')} and {out_dir}/saved_model")
     summary = {
         "test_accuracy": metrics["test_accuracy"], "epsilon": epsilon, "delta": delta,
         "steps": step, "noise_multiplier": ledger.noise_multiplier if ledger else 0.0,
         "wall_time_s": time.time() - t_start,
         "skipped_undecodable_train": train_decode_stats.value(),
     }
-    with open(os.path.join(workdir, "summary.json"), "w") as f:
+    with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     writer.flush()
     _log(
