@@ -45,7 +45,13 @@ def get_strategy(name="one_device", tpu_address=None):
     if name == "tpu":
         # "" is the TPU VM's own TPU; TPU_NAME (or tpu_address) another one.
         tpu = tpu_address or os.environ.get("TPU_NAME", "")
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
+        try:
+            resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
+        except ValueError as e:
+            raise ValueError(
+                f"No TPU found ({e}). Run on a Cloud TPU VM, or set TPU_NAME to the TPU's "
+                f"name or address. Received: strategy='tpu', tpu={tpu!r}"
+            ) from None
         tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
         return tf.distribute.TPUStrategy(resolver)

@@ -22,6 +22,7 @@ import math
 import numbers
 import warnings
 
+from absl import logging as absl_logging
 import dp_accounting
 from dp_accounting import pld as dp_pld
 from dp_accounting import rdp as dp_rdp
@@ -325,6 +326,22 @@ def _relation(sampling):
 # --------------------------------------------------------------------------
 
 
+class _QuietAccountant:
+    """Silences dp_accounting's "failed to converge ... Excluding this order".
+
+    Excluding an order only drops it from the minimum over orders (it gets
+    ε = inf), so the bound stays valid; the warning is printed dozens of
+    times per run for σ below ~1 and says nothing the user can act on.
+    """
+
+    def __enter__(self):
+        self._verbosity = absl_logging.get_verbosity()
+        absl_logging.set_verbosity(absl_logging.ERROR)
+
+    def __exit__(self, *exc):
+        absl_logging.set_verbosity(self._verbosity)
+
+
 @functools.lru_cache(maxsize=256)
 def _single_step_rdp(sigma, q, n, b, sampling):
     # RDP composes additively, and dp_accounting adds `count * rdp_1` for a
@@ -334,7 +351,8 @@ def _single_step_rdp(sigma, q, n, b, sampling):
     accountant = dp_rdp.RdpAccountant(
         orders=RDP_ORDERS, neighboring_relation=_relation(sampling)
     )
-    accountant.compose(_make_event(sigma, 1, q, n, b, sampling))
+    with _QuietAccountant():
+        accountant.compose(_make_event(sigma, 1, q, n, b, sampling))
     rdp = getattr(accountant, "_rdp", None)
     if rdp is None:
         return None
@@ -354,7 +372,8 @@ def _rdp_epsilon(sigma, steps, delta, q, n, b, sampling):
         accountant = dp_rdp.RdpAccountant(
             orders=RDP_ORDERS, neighboring_relation=_relation(sampling)
         )
-        accountant.compose(_make_event(sigma, steps, q, n, b, sampling))
+        with _QuietAccountant():
+            accountant.compose(_make_event(sigma, steps, q, n, b, sampling))
         return float(accountant.get_epsilon(delta))
     eps, _ = dp_rdp.compute_epsilon(RDP_ORDERS, steps * rdp_1, delta)
     return float(eps)
