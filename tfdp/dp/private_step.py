@@ -239,8 +239,20 @@ class PrivateTrainStep:
 
     def _replica_accumulate(self, x, y, weights):
         grads, stats = self._replica_grads(x, y, weights)
-        for acc, g in zip(self.accumulators, grads):
-            acc.assign_add(g)
+
+        # The first physical batch of a logical step overwrites the
+        # accumulators, so `apply` never spends a pass zeroing them.
+        def overwrite():
+            for acc, g in zip(self.accumulators, grads):
+                acc.assign(g)
+            return tf.constant(0)
+
+        def add():
+            for acc, g in zip(self.accumulators, grads):
+                acc.assign_add(g)
+            return tf.constant(0)
+
+        tf.cond(self._micro_batches.read_value() > 0.0, add, overwrite)
         for name, value in stats.items():
             self.stats[name].assign_add(value)
         self._micro_batches.assign_add(1.0)
@@ -251,7 +263,12 @@ class PrivateTrainStep:
         # replica contributes noise / R; the optimizer's cross-replica SUM
         # adds the R contributions back to exactly one draw of N(0, (σC)²).
         replicas = tf.distribute.get_replica_context().num_replicas_in_sync
-        local = [tf.convert_to_tensor(a) for a in self.accumulators]
+        # Accumulators hold stale sums when no batch was accumulated.
+        local = tf.cond(
+            self._micro_batches.read_value() > 0.0,
+            lambda: [tf.convert_to_tensor(a) for a in self.accumulators],
+            lambda: [tf.zeros_like(a) for a in self.accumulators],
+        )
         if self.noise_multiplier > 0:
             seed = noise_lib.step_seed(self.seed, self.optimizer.iterations)
             stddev = self.noise_multiplier * self.l2_norm_clip
@@ -263,8 +280,6 @@ class PrivateTrainStep:
         grads = [g / self.expected_batch_size for g in local]
         # Keras 3 (TF backend) all-reduces these with SUM in replica context.
         self.optimizer.apply(grads, self.variables)
-        for acc in self.accumulators:
-            acc.assign(tf.zeros_like(acc))
         self._micro_batches.assign(0.0)
 
     # ------------------------------------------------------------------
