@@ -60,6 +60,15 @@ class TrainTest(tf.test.TestCase):
         self.assertNotEqual(longer.returncode, 0)  # σ was calibrated for 2 epochs.
         self.assertIn("ledger does not match", longer.stderr)
 
+    def test_dry_run_flag_plans_and_stops(self):
+        workdir = self.create_tempdir().full_path
+        result = run_train("--gin_file=imagenet_r18_places.gin", "--dry_run", workdir=workdir)
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        for needle in ("DP plan: method=bk", "froze the first 4", "dry run: 2 steps on mock data OK",
+                       "dry run: sigma=", "per epoch"):
+            self.assertIn(needle, result.stdout)
+        self.assertFalse(os.path.exists(os.path.join(workdir, "checkpoints")))
+
     def test_budget_stops_before_exceeding_epsilon(self):
         workdir = self.create_tempdir().full_path
         result = run_train(
