@@ -141,3 +141,13 @@ def preact_block(
         )
         channels = filters
     return keras.layers.Add(name=f"{prefix}_add")([shortcut, y])
+
+
+def classifier_head(x, channels, num_classes, groups, epsilon):
+    """The pre-activation head: GroupNorm, ReLU, global mean, Dense (Xavier)."""
+    x = group_norm(channels, groups, epsilon, "head_norm")(x)
+    x = keras.layers.ReLU(name="head_relu")(x)
+    x = keras.layers.GlobalAveragePooling2D(name="head_pool")(x)
+    return keras.layers.Dense(
+        num_classes, kernel_initializer=xavier_normal(), name="head_dense"
+    )(x)

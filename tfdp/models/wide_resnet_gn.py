@@ -90,12 +90,7 @@ def wide_resnet_gn(
                 strided_conv=1,
             )
             channels = out_channels
-    x = _layers.group_norm(channels, groups, epsilon, "head_norm")(x)
-    x = keras.layers.ReLU(name="head_relu")(x)
-    x = keras.layers.GlobalAveragePooling2D(name="head_pool")(x)
-    outputs = keras.layers.Dense(
-        num_classes, kernel_initializer=_layers.xavier_normal(), name="head_dense"
-    )(x)
+    outputs = _layers.classifier_head(x, channels, num_classes, groups, epsilon)
     return keras.Model(
         inputs, outputs, name=name or f"wrn_{depth}_{width_factor}_gn"
     )
