@@ -359,7 +359,6 @@ def _tapped(model, loss_fn, x, y, batch, clip, decay, training, *, method):
     finite = tf.math.is_finite(norms)
     fast = book_keeping if method == "bk" else second_backward
     result = tf.cond(tf.reduce_all(finite), fast, lambda: book_keeping(keep=finite))
-    del tape
     return result, norms
 
 
