@@ -50,6 +50,11 @@ def _parse_args(argv):
         help="Runs every method this many times, interleaved, and keeps the "
         "run with the smallest median step time (for noisy shared machines).",
     )
+    parser.add_argument(
+        "--virtual_steps", type=int, default=1,
+        help="Physical batches per logical (noisy) step; times are per physical batch. "
+        "The noise, drawn once per logical step, is amortised over them.",
+    )
     parser.add_argument("--l2_norm_clip", type=float, default=1.0)
     parser.add_argument("--noise_multiplier", type=float, default=1.0)
     parser.add_argument("--weight_decay", type=float, default=0.0)
@@ -67,8 +72,8 @@ def _parse_args(argv):
     if unknown:
         parser.error(f"unknown methods {unknown}; expected a subset of {ALL_METHODS}")
     args.method_list = methods
-    if args.steps < 1 or args.warmup < 0 or args.repeats < 1:
-        parser.error("--steps and --repeats must be >= 1 and --warmup >= 0")
+    if args.steps < 1 or args.warmup < 0 or args.repeats < 1 or args.virtual_steps < 1:
+        parser.error("--steps, --repeats and --virtual_steps must be >= 1 and --warmup >= 0")
     return args
 
 
@@ -123,14 +128,14 @@ def _run_child(args):
 
     if method == "nonprivate":
         step = dp.NonPrivateTrainStep(
-            model, optimizer, loss_fn, expected_batch_size=args.batch_size,
+            model, optimizer, loss_fn, expected_batch_size=args.batch_size * args.virtual_steps,
             weight_decay=args.weight_decay, jit_compile=jit,
         )
     else:
         step = dp.PrivateTrainStep(
             model, optimizer, loss_fn,
             l2_norm_clip=args.l2_norm_clip, noise_multiplier=args.noise_multiplier,
-            expected_batch_size=args.batch_size, method=method,
+            expected_batch_size=args.batch_size * args.virtual_steps, method=method,
             weight_decay=args.weight_decay, jit_compile=jit,
         )
     rng = np.random.default_rng(0)
@@ -143,7 +148,8 @@ def _run_child(args):
     baseline_peak = _peak_rss_mb()
 
     def one_step():
-        step.accumulate(x, y, w)
+        for _ in range(args.virtual_steps):
+            step.accumulate(x, y, w)
         step.apply()
         probe.numpy()  # Waits for the step to finish.
 
@@ -164,9 +170,9 @@ def _run_child(args):
         "method": method,
         "resolved_method": getattr(step, "method", method) if method != "nonprivate" else method,
         "jit_compile": jit,
-        "step_time_s": float(np.median(times)),
-        "step_time_min_s": float(np.min(times)),
-        "cpu_time_s": float(np.median(cpu_times)),
+        "step_time_s": float(np.median(times)) / args.virtual_steps,
+        "step_time_min_s": float(np.min(times)) / args.virtual_steps,
+        "cpu_time_s": float(np.median(cpu_times)) / args.virtual_steps,
         "first_step_s": first_step_s,
         "peak_rss_mb": peak,
         "baseline_rss_mb": baseline_rss,
@@ -187,7 +193,7 @@ def _child_command(args, method, jit):
         f"--batch_size={args.batch_size}", f"--steps={args.steps}",
         f"--warmup={args.warmup}", f"--l2_norm_clip={args.l2_norm_clip}",
         f"--noise_multiplier={args.noise_multiplier}",
-        f"--weight_decay={args.weight_decay}",
+        f"--weight_decay={args.weight_decay}", f"--virtual_steps={args.virtual_steps}",
         f"--child_method={method}", f"--child_jit={'on' if jit else 'off'}",
     ]
 
