@@ -43,6 +43,16 @@ class DatasetInfo:
     image_shape: tuple
 
 
+def _indexed_dataset(source, input_context):
+    """`source.fetch` over all indices in order, sharded per input pipeline."""
+    indices = tf.data.Dataset.range(len(source))
+    if input_context is not None and input_context.num_input_pipelines > 1:
+        indices = indices.shard(
+            input_context.num_input_pipelines, input_context.input_pipeline_id
+        )
+    return indices.map(source.fetch, num_parallel_calls=tf.data.AUTOTUNE)
+
+
 class ArraySource:
     """An in-memory source of numpy images and integer labels.
 
@@ -111,12 +121,7 @@ class ArraySource:
     def as_dataset(self, *, shuffle=False, seed=0, input_context=None):
         """Returns a dataset of `(image, label)` in index order."""
         del shuffle, seed  # Index order; the samplers do their own shuffling.
-        indices = tf.data.Dataset.range(len(self))
-        if input_context is not None and input_context.num_input_pipelines > 1:
-            indices = indices.shard(
-                input_context.num_input_pipelines, input_context.input_pipeline_id
-            )
-        return indices.map(self.fetch, num_parallel_calls=tf.data.AUTOTUNE)
+        return _indexed_dataset(self, input_context)
 
 
 class RandomAccessSource:
@@ -172,12 +177,7 @@ class RandomAccessSource:
     def as_dataset(self, *, shuffle=False, seed=0, input_context=None):
         """Returns a dataset of `(encoded_image, label)` in index order."""
         del shuffle, seed
-        indices = tf.data.Dataset.range(len(self))
-        if input_context is not None and input_context.num_input_pipelines > 1:
-            indices = indices.shard(
-                input_context.num_input_pipelines, input_context.input_pipeline_id
-            )
-        return indices.map(self.fetch, num_parallel_calls=tf.data.AUTOTUNE)
+        return _indexed_dataset(self, input_context)
 
 
 class StreamingSource:
