@@ -8,6 +8,8 @@ import tensorflow as tf
 from tests.dp import dp_test_case
 from tfdp import dp
 from tfdp import models
+from tfdp.dp import layer_grads
+from tfdp.dp import layer_taps
 
 ALL_METHODS = ("vectorized", "ghost", "mixed", "bk", "auto")
 
@@ -67,6 +69,12 @@ class ClippingEquivalenceTest(dp_test_case.DPTestCase, parameterized.TestCase):
         ("dilated_valid", dict(dilation_rate=2, padding="valid")),
         ("dilated_same", dict(dilation_rate=2, padding="same")),
         ("rect_kernel_stride", dict(kernel_size=(3, 1), strides=(2, 1), padding="same")),
+        # Stride 1: ghost norms from shifted pixel Gram matrices, no unfolding.
+        ("stride1_same", dict(padding="same")),
+        ("stride1_valid_5x3", dict(kernel_size=(5, 3), padding="valid", use_bias=False)),
+        ("stride1_dilated_2x1_same", dict(kernel_size=(3, 2), dilation_rate=(2, 1), padding="same")),
+        # 1×1: the unfolded input is a strided slice of the input.
+        ("pointwise_stride2", dict(kernel_size=1, strides=2, padding="same")),
     )
     def test_conv_geometries(self, conv_kwargs):
         conv_kwargs = {"kernel_size": 3, **conv_kwargs}
@@ -199,3 +207,57 @@ class ClippingEquivalenceTest(dp_test_case.DPTestCase, parameterized.TestCase):
 
 if __name__ == "__main__":
     tf.test.main()
+
+
+class ConvInputGramTest(tf.test.TestCase, parameterized.TestCase):
+    """The pixel-Gram ghost norm input side equals the unfolded U Uᵀ."""
+
+    def _tapped_conv(self, **kwargs):
+        layer = keras.layers.Conv2D(5, **kwargs)
+        layer._tfdp_kind = layer_taps.KIND_CONV2D
+        return layer
+
+    @parameterized.named_parameters(
+        ("same_3x3", dict(kernel_size=3, padding="same")),
+        ("valid_3x3", dict(kernel_size=3, padding="valid")),
+        ("same_even_4x2", dict(kernel_size=(4, 2), padding="same")),
+        ("dilated_same", dict(kernel_size=3, dilation_rate=2, padding="same")),
+        ("dilated_valid_rect", dict(kernel_size=(2, 3), dilation_rate=(3, 2), padding="valid")),
+    )
+    def test_equals_unfolded_gram_for_calls_and_rows(self, conv_kwargs):
+        layer = self._tapped_conv(**conv_kwargs)
+        rng = np.random.default_rng(0)
+        k, batch = 2, 3
+        # Two calls of a shared layer, each with k rows per example.
+        inputs = [tf.constant(rng.normal(size=(batch * k, 7, 9, 4)), tf.float32) for _ in range(2)]
+        outputs = [layer(x) for x in inputs]
+        got = layer_grads.conv_input_gram(layer, inputs, outputs, k)
+        u = tf.concat([layer_grads._flatten_bt(layer_grads.unfold_inputs(layer, x), k)
+                       for x in inputs], axis=1)
+        want = tf.matmul(u, u, transpose_b=True)
+        self.assertEqual(got.shape, want.shape)
+        self.assertAllClose(want, got, rtol=1e-5, atol=1e-4)
+
+    def test_not_used_where_it_does_not_apply(self):
+        x = tf.ones([2, 8, 8, 3])
+        strided = self._tapped_conv(kernel_size=3, strides=2, padding="same")
+        pointwise = self._tapped_conv(kernel_size=1)
+        shared = self._tapped_conv(kernel_size=3, padding="same")
+        small = tf.ones([2, 6, 6, 3])
+        self.assertIsNone(layer_grads.conv_input_gram(strided, [x], [strided(x)]))
+        self.assertIsNone(layer_grads.conv_input_gram(pointwise, [x], [pointwise(x)]))
+        # Calls at two resolutions: the unfolded path handles them.
+        self.assertIsNone(
+            layer_grads.conv_input_gram(shared, [x, small], [shared(x), shared(small)])
+        )
+
+    def test_pointwise_unfold_is_a_strided_slice_of_extract_patches(self):
+        rng = np.random.default_rng(1)
+        for size in (8, 9):
+            x = tf.constant(rng.normal(size=(2, size, size, 3)), tf.float32)
+            for padding in ("same", "valid"):
+                layer = self._tapped_conv(kernel_size=1, strides=2, padding=padding)
+                want = tf.image.extract_patches(x, [1, 1, 1, 1], [1, 2, 2, 1], [1, 1, 1, 1],
+                                                padding.upper())
+                want = tf.reshape(want, [2, -1, 3])
+                self.assertAllEqual(want, layer_grads.unfold_inputs(layer, x))

@@ -10,6 +10,7 @@ import tensorflow as tf
 from tests.dp import dp_test_case
 from tfdp import dp
 from tfdp import models
+from tfdp.dp import noise as noise_lib
 
 
 def _noise_std_test(samples, stddev, alpha=1e-6):
@@ -49,6 +50,64 @@ class NoiseTest(tf.test.TestCase):
         self.assertAllEqual(a, b)
         self.assertNotAllClose(a, c)
         self.assertNotAllClose(a, d)
+
+    def test_transform_is_tf_stateless_normals_box_muller(self):
+        # Paired as TF's kernel pairs consecutive uniforms, the vectorized
+        # transform reproduces tf.random.stateless_normal: same sampler.
+        seed = tf.constant([3, 11], tf.int64)
+        n = 100_000
+        uniforms = tf.reshape(tf.random.stateless_uniform([n], seed), [-1, 2])
+        z_sin, z_cos = noise_lib.box_muller(uniforms[:, 0], uniforms[:, 1], 1.0)
+        ours = tf.reshape(tf.stack([z_sin, z_cos], -1), [-1])
+        self.assertAllClose(tf.random.stateless_normal([n], seed), ours, rtol=1e-5, atol=1e-5)
+        # Scaling by the std happens inside the transform.
+        scaled = noise_lib.box_muller(uniforms[:, 0], uniforms[:, 1], 2.5)[0]
+        self.assertAllClose(2.5 * z_sin, scaled, rtol=1e-5, atol=1e-5)
+
+    def test_u1_of_zero_stays_finite(self):
+        z_sin, z_cos = noise_lib.box_muller(tf.zeros([4]), tf.constant([0.0, 0.1, 0.5, 0.9]), 1.0)
+        self.assertTrue(np.all(np.isfinite(z_sin.numpy())))
+        self.assertTrue(np.all(np.isfinite(z_cos.numpy())))
+
+    def test_noise_is_standard_normal_and_independent(self):
+        shapes = [[3, 3, 64, 64], [64], [1], [7, 5], [513]]  # Odd and tiny sizes too.
+        tensors = [tf.zeros(s) for s in shapes]
+        noise = noise_lib.gaussian_noise(tensors, 2.0, dp.step_seed(4, 9))
+        for t, n in zip(tensors, noise):
+            self.assertEqual(n.shape, t.shape)
+            self.assertEqual(n.dtype, t.dtype)
+        big = noise[0].numpy().ravel() / 2.0
+        # Kolmogorov-Smirnov against N(0, 1): the shape, not just the variance.
+        self.assertGreater(stats.kstest(big, "norm").pvalue, 1e-4)
+        self.assertLess(stats.kstest(big * 1.05, "norm").pvalue, 1e-4)
+        # The sin and cos halves of one draw are uncorrelated, and so are
+        # two tensors of one step and one tensor in two steps.
+        half = big.size // 2
+        again = noise_lib.gaussian_noise(tensors, 2.0, dp.step_seed(4, 10))[0].numpy().ravel()
+        limit = 5.0 / np.sqrt(half)
+        self.assertLess(abs(np.corrcoef(big[:half], big[half:])[0, 1]), limit)
+        self.assertLess(abs(np.corrcoef(big, again)[0, 1]), 5.0 / np.sqrt(big.size))
+        pair = noise_lib.gaussian_noise([tf.zeros([4096])] * 2, 1.0, dp.step_seed(0, 0))
+        self.assertLess(abs(np.corrcoef(pair[0].numpy(), pair[1].numpy())[0, 1]), 5.0 / 64)
+        # Tails: P(|z| > 3) = 0.0027.
+        self.assertAllClose(np.mean(np.abs(big) > 3.0), 0.0027, atol=0.0015)
+
+    def test_float64_and_bfloat16_noise(self):
+        tensors = [tf.zeros([20_000], tf.float64), tf.zeros([20_000], tf.bfloat16)]
+        noise = noise_lib.gaussian_noise(tensors, 1.0, dp.step_seed(0, 1))
+        self.assertEqual(noise[0].dtype, tf.float64)
+        self.assertEqual(noise[1].dtype, tf.bfloat16)
+        self.assertTrue(_noise_std_test(noise[0].numpy(), 1.0, alpha=1e-4))
+        self.assertAllClose(np.std(tf.cast(noise[1], tf.float32).numpy()), 1.0, atol=0.05)
+
+    def test_noise_needs_static_floating_shapes(self):
+        with self.assertRaisesRegex(ValueError, "static shape"):
+            tf.function(
+                lambda t: noise_lib.gaussian_noise([t], 1.0, dp.step_seed(0, 0)),
+                input_signature=[tf.TensorSpec([None], tf.float32)],
+            ).get_concrete_function()
+        with self.assertRaisesRegex(ValueError, "floating"):
+            noise_lib.gaussian_noise([tf.zeros([3], tf.int32)], 1.0, dp.step_seed(0, 0))
 
     def test_zero_sigma_adds_nothing(self):
         g = [tf.ones([5])]

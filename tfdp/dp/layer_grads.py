@@ -59,12 +59,72 @@ def unfold_inputs(layer, inputs):
     """Unfolded input U as [B, T, D] for a conv or dense layer."""
     if layer._tfdp_kind == KIND_CONV2D:
         kh, kw = layer.kernel_size
+        if kh == kw == 1:
+            # A 1×1 patch is the pixel itself; "same" never pads a 1×1 conv.
+            sh, sw = layer.strides
+            return _flatten_bt(inputs[:, ::sh, ::sw, :])
         strides, dilations, padding = layer_taps.conv_geometry(layer)
         patches = tf.image.extract_patches(
             inputs, [1, kh, kw, 1], strides, dilations, padding
         )
         return _flatten_bt(patches)
     return _flatten_bt(inputs)
+
+
+def _same_padding(size, out, kernel, dilation):
+    total = max((out - 1) + (kernel - 1) * dilation + 1 - size, 0)
+    return [total // 2, total - total // 2]
+
+
+def conv_input_gram(layer, inputs, outputs, k=1):
+    """U Uᵀ of a stride-1 conv, [B, n·T, n·T], without unfolding its input.
+
+    Patch rows (i, j) and (i', j') share kernel offsets, so
+    (U Uᵀ)[(i,j),(i',j')] = Σ_(a,b) P[(i+a·dh, j+b·dw), (i'+a·dh, j'+b·dw)]
+    with P the Gram matrix of the zero-padded input's pixels (channels
+    contracted). P costs (H·W)²·C per example against T²·kh·kw·C for the
+    unfolded Gram, and `extract_patches`, which writes kh·kw copies of the
+    input, is the dominant cost of conv ghost norms on CPU.
+
+    Args:
+        layer: keras.layers.Conv2D. With strides 1 and a kernel larger than 1×1.
+        inputs: list of tensors [B·k, H, W, C]. The layer's recorded inputs
+            (one per call), all of one spatial shape.
+        outputs: list of tensors [B·k, Ho, Wo, p]. The matching outputs.
+        k: int. Rows per example (augmentation multiplicity). Defaults to 1.
+
+    Returns:
+        The Gram matrix ordered (call, row, Ho, Wo) like `LinearFactors.g`,
+        or None when this layer's geometry does not apply.
+    """
+    kh, kw = layer.kernel_size
+    if tuple(layer.strides) != (1, 1) or kh * kw == 1:
+        return None
+    shapes = {tuple(x.shape[1:]) for x in inputs}
+    out_shapes = {tuple(y.shape[1:3]) for y in outputs}
+    if len(shapes) != 1 or len(out_shapes) != 1:
+        return None
+    (h, w, c), (ho, wo) = next(iter(shapes)), next(iter(out_shapes))
+    if None in (h, w, c, ho, wo):
+        return None
+    dh, dw = layer.dilation_rate
+    if layer.padding == "same":
+        pads_h, pads_w = _same_padding(h, ho, kh, dh), _same_padding(w, wo, kw, dw)
+    else:
+        pads_h, pads_w = [0, 0], [0, 0]
+    n = k * len(inputs)
+    x = tf.concat([tf.reshape(tf.cast(v, tf.float32), [-1, k, h, w, c]) for v in inputs], axis=1)
+    pixels = tf.reshape(x, [-1, n * h * w, c])
+    gram = tf.reshape(tf.matmul(pixels, pixels, transpose_b=True), [-1, n, h, w, n, h, w])
+    # Padding pixels are zero, so padding P equals P of the padded input.
+    gram = tf.pad(gram, [[0, 0], [0, 0], pads_h, pads_w, [0, 0], pads_h, pads_w])
+    total = None
+    for a in range(kh):
+        for b in range(kw):
+            i, j = a * dh, b * dw
+            part = gram[:, :, i:i + ho, j:j + wo, :, i:i + ho, j:j + wo]
+            total = part if total is None else total + part
+    return tf.reshape(total, [-1, n * ho * wo, n * ho * wo])
 
 
 def _has_bias(layer):
@@ -121,8 +181,14 @@ class LinearFactors:
             u = self.u
             return tf.reduce_sum(tf.square(u), [1, 2]) * tf.reduce_sum(tf.square(g), [1, 2])
         if mode == GHOST:
-            u = self.u
-            uu = tf.matmul(u, u, transpose_b=True)
+            uu = None
+            if self.is_conv and self._u is None:
+                uu = conv_input_gram(
+                    self.layer, [r.inputs for r in self.records],
+                    [r.outputs for r in self.records], self.k,
+                )
+            if uu is None:
+                uu = tf.matmul(self.u, self.u, transpose_b=True)
             gg = tf.matmul(g, g, transpose_b=True)
             return tf.reduce_sum(uu * gg, [1, 2])
         # Instantiated per-example gradients are kept for the clipped sum: by

@@ -13,8 +13,9 @@ Under a tf.distribute strategy (build the step inside `strategy.scope()`):
 - at `apply()` each replica hands the optimizer
   `(local_sum + noise / R) / B`, where `noise` ~ N(0, (σC)²) is drawn from
   the stateless seed `(seed, optimizer.iterations)`, so it is the SAME
-  tensor on every replica, R = `num_replicas_in_sync` and B the global
-  expected logical batch size;
+  tensor on every replica (`noise / R` is drawn directly with std σC/R from
+  the same uniforms), R = `num_replicas_in_sync` and B the global expected
+  logical batch size;
 - Keras 3's optimizer, called in replica context, all-reduces the gradients
   with a SUM before updating (`TFOptimizer._all_reduce_sum_gradients` in
   keras/src/backend/tensorflow/optimizer.py): every replica then applies
@@ -271,10 +272,10 @@ class PrivateTrainStep:
         )
         if self.noise_multiplier > 0:
             seed = noise_lib.step_seed(self.seed, self.optimizer.iterations)
-            stddev = self.noise_multiplier * self.l2_norm_clip
+            # noise / R, drawn directly as N(0, (σC/R)²) from the same
+            # uniforms: no extra pass over the parameters.
+            stddev = self.noise_multiplier * self.l2_norm_clip / float(replicas)
             noise = noise_lib.gaussian_noise(local, stddev, seed)
-            if replicas > 1:
-                noise = [n / float(replicas) for n in noise]
             local = [a + n for a, n in zip(local, noise)]
         # The divisor is the GLOBAL expected logical batch size.
         grads = [g / self.expected_batch_size for g in local]
