@@ -1,5 +1,7 @@
 """Every clipping method gives the naive loop's clipped sum and norms."""
 
+from unittest import mock
+
 from absl.testing import parameterized
 import keras
 import numpy as np
@@ -78,18 +80,25 @@ class ClippingEquivalenceTest(dp_test_case.DPTestCase, parameterized.TestCase):
     )
     def test_conv_geometries(self, conv_kwargs):
         conv_kwargs = {"kernel_size": 3, **conv_kwargs}
-        inp = keras.Input((11, 11, 3))
+        # 48 input channels: enough for stride-1 ghost norms to take the
+        # pixel-Gram route, which is cheaper than unfolding only then.
+        inp = keras.Input((11, 11, 48))
         h = keras.layers.Conv2D(6, activation="relu", **conv_kwargs)(inp)
         h = keras.layers.GroupNormalization(3, epsilon=1e-5)(h)
         h = keras.layers.Conv2D(4, 1)(h)
         h = keras.layers.GlobalAveragePooling2D()(h)
         model = keras.Model(inp, keras.layers.Dense(3)(h))
-        x = _images(6, 11)
+        x = _images(6, 11, channels=48)
         y = tf.constant([0, 1, 2, 0, 1, 2])
-        self.assert_methods_match_naive(
-            model, dp_test_case.per_example_xent, x, y, ALL_METHODS,
-            sample_weight=_weights(6), weight_decay=0.01,
-        )
+        gram = layer_grads.conv_input_gram
+        with mock.patch.object(layer_grads, "conv_input_gram", wraps=gram) as spy:
+            self.assert_methods_match_naive(
+                model, dp_test_case.per_example_xent, x, y, ALL_METHODS,
+                sample_weight=_weights(6), weight_decay=0.01,
+            )
+        used = [r for r in (gram(*c.args, **c.kwargs) for c in spy.call_args_list) if r is not None]
+        stride_one = conv_kwargs.get("strides", 1) == 1 and conv_kwargs["kernel_size"] != 1
+        self.assertEqual(bool(used), stride_one)
 
     def test_dense_embedding_layernorm_shared_layer(self):
         model = dp_test_case.text_model()
@@ -229,9 +238,10 @@ class ConvInputGramTest(tf.test.TestCase, parameterized.TestCase):
         rng = np.random.default_rng(0)
         k, batch = 2, 3
         # Two calls of a shared layer, each with k rows per example.
-        inputs = [tf.constant(rng.normal(size=(batch * k, 7, 9, 4)), tf.float32) for _ in range(2)]
+        inputs = [tf.constant(rng.normal(size=(batch * k, 10, 12, 160)), tf.float32) for _ in range(2)]
         outputs = [layer(x) for x in inputs]
         got = layer_grads.conv_input_gram(layer, inputs, outputs, k)
+        self.assertIsNotNone(got)
         u = tf.concat([layer_grads._flatten_bt(layer_grads.unfold_inputs(layer, x), k)
                        for x in inputs], axis=1)
         want = tf.matmul(u, u, transpose_b=True)
@@ -246,6 +256,10 @@ class ConvInputGramTest(tf.test.TestCase, parameterized.TestCase):
         small = tf.ones([2, 6, 6, 3])
         self.assertIsNone(layer_grads.conv_input_gram(strided, [x], [strided(x)]))
         self.assertIsNone(layer_grads.conv_input_gram(pointwise, [x], [pointwise(x)]))
+        # One input channel: P (10² per example) is larger than U and U Uᵀ
+        # (4·9·1 + 4²), so the unfolded route is taken.
+        thin, thin_conv = tf.ones([2, 2, 2, 1]), self._tapped_conv(kernel_size=3, padding="same")
+        self.assertIsNone(layer_grads.conv_input_gram(thin_conv, [thin], [thin_conv(thin)]))
         # Calls at two resolutions: the unfolded path handles them.
         self.assertIsNone(
             layer_grads.conv_input_gram(shared, [x, small], [shared(x), shared(small)])

@@ -95,7 +95,8 @@ def conv_input_gram(layer, inputs, outputs, k=1):
 
     Returns:
         The Gram matrix ordered (call, row, Ho, Wo) like `LinearFactors.g`,
-        or None when this layer's geometry does not apply.
+        or None when this layer's geometry does not apply or the padded
+        pixel Gram would be larger than U and U Uᵀ together.
     """
     kh, kw = layer.kernel_size
     if tuple(layer.strides) != (1, 1) or kh * kw == 1:
@@ -113,6 +114,12 @@ def conv_input_gram(layer, inputs, outputs, k=1):
     else:
         pads_h, pads_w = [0, 0], [0, 0]
     n = k * len(inputs)
+    # Per example, P holds (n·padded H·W)² floats where the unfolded route
+    # holds U (n·T·kh·kw·C) and U Uᵀ ((n·T)²): take the smaller.
+    padded = n * (h + sum(pads_h)) * (w + sum(pads_w))
+    t = n * ho * wo
+    if padded * padded > t * kh * kw * c + t * t:
+        return None
     x = tf.concat([tf.reshape(tf.cast(v, tf.float32), [-1, k, h, w, c]) for v in inputs], axis=1)
     pixels = tf.reshape(x, [-1, n * h * w, c])
     gram = tf.reshape(tf.matmul(pixels, pixels, transpose_b=True), [-1, n, h, w, n, h, w])
