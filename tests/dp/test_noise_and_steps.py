@@ -182,6 +182,14 @@ class PlanAndErrorsTest(tf.test.TestCase):
             if layer.kind == "conv2d":
                 expected = "ghost" if 2 * layer.t**2 < layer.p * layer.d else "instantiate"
                 self.assertEqual(layer.mode, expected, layer.name)
+                # Ghost norms of the stride-1 3×3 convs skip unfolding.
+                three_by_three = tuple(model.get_layer(layer.name).kernel_size) == (3, 3)
+                strided = model.get_layer(layer.name).strides != (1, 1)
+                self.assertEqual(
+                    layer.pixel_gram, expected == "ghost" and three_by_three and not strided,
+                    layer.name,
+                )
+                self.assertIn(layer.rule, str(p))
             if layer.kind == "generic":
                 self.assertEqual(layer.mode, "instantiate")
         modes = {l.mode for l in p.layers if l.kind == "conv2d"}

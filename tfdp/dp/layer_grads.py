@@ -76,6 +76,41 @@ def _same_padding(size, out, kernel, dilation):
     return [total // 2, total - total // 2]
 
 
+def pixel_gram_geometry(layer, input_shapes, output_shapes, k=1):
+    """Padding of the pixel-Gram route of `conv_input_gram`, or None.
+
+    Static: from the recorded calls' shapes. None when the route does not
+    apply (a stride, a 1×1 kernel, calls at several resolutions, unknown
+    sizes) or when, per example, the padded pixel Gram P ((n·Hp·Wp)² floats)
+    would be larger than what the unfolded route holds: U (n·T·kh·kw·C) and
+    U Uᵀ ((n·T)²), with n = k × calls.
+
+    Returns:
+        (pads_h, pads_w), each [before, after], or None.
+    """
+    kh, kw = layer.kernel_size
+    if tuple(layer.strides) != (1, 1) or kh * kw == 1:
+        return None
+    shapes = {tuple(s[1:]) for s in input_shapes}
+    out_shapes = {tuple(s[1:3]) for s in output_shapes}
+    if len(shapes) != 1 or len(out_shapes) != 1:
+        return None
+    (h, w, c), (ho, wo) = next(iter(shapes)), next(iter(out_shapes))
+    if None in (h, w, c, ho, wo):
+        return None
+    dh, dw = layer.dilation_rate
+    if layer.padding == "same":
+        pads_h, pads_w = _same_padding(h, ho, kh, dh), _same_padding(w, wo, kw, dw)
+    else:
+        pads_h, pads_w = [0, 0], [0, 0]
+    n = k * len(input_shapes)
+    padded = n * (h + sum(pads_h)) * (w + sum(pads_w))
+    t = n * ho * wo
+    if padded * padded > t * kh * kw * c + t * t:
+        return None
+    return pads_h, pads_w
+
+
 def conv_input_gram(layer, inputs, outputs, k=1):
     """U Uᵀ of a stride-1 conv, [B, n·T, n·T], without unfolding its input.
 
@@ -95,31 +130,17 @@ def conv_input_gram(layer, inputs, outputs, k=1):
 
     Returns:
         The Gram matrix ordered (call, row, Ho, Wo) like `LinearFactors.g`,
-        or None when this layer's geometry does not apply or the padded
-        pixel Gram would be larger than U and U Uᵀ together.
+        or None where `pixel_gram_geometry` says the route does not apply.
     """
+    geometry = pixel_gram_geometry(layer, [x.shape for x in inputs], [y.shape for y in outputs], k)
+    if geometry is None:
+        return None
+    pads_h, pads_w = geometry
     kh, kw = layer.kernel_size
-    if tuple(layer.strides) != (1, 1) or kh * kw == 1:
-        return None
-    shapes = {tuple(x.shape[1:]) for x in inputs}
-    out_shapes = {tuple(y.shape[1:3]) for y in outputs}
-    if len(shapes) != 1 or len(out_shapes) != 1:
-        return None
-    (h, w, c), (ho, wo) = next(iter(shapes)), next(iter(out_shapes))
-    if None in (h, w, c, ho, wo):
-        return None
     dh, dw = layer.dilation_rate
-    if layer.padding == "same":
-        pads_h, pads_w = _same_padding(h, ho, kh, dh), _same_padding(w, wo, kw, dw)
-    else:
-        pads_h, pads_w = [0, 0], [0, 0]
+    h, w, c = (int(d) for d in inputs[0].shape[1:])
+    ho, wo = (int(d) for d in outputs[0].shape[1:3])
     n = k * len(inputs)
-    # Per example, P holds (n·padded H·W)² floats where the unfolded route
-    # holds U (n·T·kh·kw·C) and U Uᵀ ((n·T)²): take the smaller.
-    padded = n * (h + sum(pads_h)) * (w + sum(pads_w))
-    t = n * ho * wo
-    if padded * padded > t * kh * kw * c + t * t:
-        return None
     x = tf.concat([tf.reshape(tf.cast(v, tf.float32), [-1, k, h, w, c]) for v in inputs], axis=1)
     pixels = tf.reshape(x, [-1, n * h * w, c])
     gram = tf.reshape(tf.matmul(pixels, pixels, transpose_b=True), [-1, n, h, w, n, h, w])

@@ -23,6 +23,13 @@ class LayerPlan:
     mode: str
     params: int
     memory_bytes: int
+    # A conv ghost norm whose U Uᵀ comes from the pixel Gram, without
+    # unfolding the input (`layer_grads.conv_input_gram`).
+    pixel_gram: bool = False
+
+    @property
+    def rule(self):
+        return f"{self.mode}-pixel" if self.pixel_gram else self.mode
 
 
 @dataclasses.dataclass
@@ -47,7 +54,7 @@ class DPPlan:
         for layer in self.layers:
             lines.append(
                 f"{layer.name[:40]:<40} {layer.kind:<10} {layer.t:>6} {layer.p:>6} "
-                f"{layer.d:>7} {layer.mode:<12} {layer.params:>9} {_mb(layer.memory_bytes):>10}"
+                f"{layer.d:>7} {layer.rule:<12} {layer.params:>9} {_mb(layer.memory_bytes):>10}"
             )
         lines.append(f"estimated per-example work memory: {_mb(self.memory_bytes)}")
         return "\n".join(lines)
@@ -84,13 +91,24 @@ def plan(model, input_shape, batch_size, method="auto", input_dtype="float32"):
         layer = records[0].layer
         kind = layer._tfdp_kind
         params = sum(int(v.numpy().size) for v in layer_taps.own_trainable_variables(layer))
+        geometry = None
         if kind in (layer_taps.KIND_CONV2D, layer_taps.KIND_DENSE):
             t, p, d = layer_grads.linear_dims(layer, records)
             if method in clipping.TAPPED_METHODS:
                 mode = layer_grads.linear_norm_mode(kind, t, p, d, method)
             else:
                 mode = layer_grads.INSTANTIATE
-            if mode == layer_grads.GHOST:
+            if kind == layer_taps.KIND_CONV2D and mode == layer_grads.GHOST:
+                geometry = layer_grads.pixel_gram_geometry(
+                    layer, [r.inputs.shape for r in records], [r.outputs.shape for r in records]
+                )
+            if geometry:
+                # Pixel Gram P of the padded input, then U Uᵀ and G Gᵀ.
+                pads_h, pads_w = geometry
+                h, w = (int(s) for s in records[0].inputs.shape[1:3])
+                positions = len(records) * (h + sum(pads_h)) * (w + sum(pads_w))
+                memory = batch_size * (positions**2 + 2 * t * t) * _BYTES
+            elif mode == layer_grads.GHOST:
                 memory = batch_size * 2 * t * t * _BYTES
             else:
                 memory = batch_size * (d * p + t * d) * _BYTES
@@ -103,5 +121,7 @@ def plan(model, input_shape, batch_size, method="auto", input_dtype="float32"):
             t = p = d = 0
             mode = layer_grads.INSTANTIATE
             memory = batch_size * params * _BYTES
-        layers.append(LayerPlan(layer.name, kind, t, p, d, mode, params, memory))
+        layers.append(
+            LayerPlan(layer.name, kind, t, p, d, mode, params, memory, pixel_gram=bool(geometry))
+        )
     return DPPlan(method, batch_size, layers)
