@@ -56,7 +56,9 @@ class DPPlan:
                 f"{layer.name[:40]:<40} {layer.kind:<10} {layer.t:>6} {layer.p:>6} "
                 f"{layer.d:>7} {layer.rule:<12} {layer.params:>9} {_mb(layer.memory_bytes):>10}"
             )
-        lines.append(f"estimated per-example work memory: {_mb(self.memory_bytes)}")
+        lines.append(
+            f"estimated clipping work memory for the physical batch: {_mb(self.memory_bytes)}"
+        )
         return "\n".join(lines)
 
 
