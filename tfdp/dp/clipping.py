@@ -24,7 +24,6 @@ from tfdp.dp.layer_taps import KIND_CONV2D, KIND_DENSE, KIND_EMBEDDING
 METHODS = ("naive", "vectorized", "ghost", "mixed", "bk", "auto")
 # The tapped methods do their norm and sum arithmetic in float32, so they are
 # exact under a mixed_bfloat16 policy too (bf16 compute, float32 variables).
-TAPPED_MIXED_PRECISION = True
 TAPPED_METHODS = ("ghost", "mixed", "bk")
 
 

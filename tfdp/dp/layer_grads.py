@@ -302,8 +302,9 @@ class EmbeddingFactors:
 def generic_per_example_grads(layer, records, output_grads, variables):
     """Per-example gradients of a layer's own variables, by vectorized VJPs.
 
-    Used for normalisation layers (whose parameters are small) and for any
-    layer kind without a dedicated rule. Exact for any layer whose output for
+    Used for any layer kind without a dedicated rule, including
+    normalisation layers with no closed form here (e.g. under mixed
+    precision, or GroupNormalization on a non-last axis). Exact for any layer whose output for
     an example depends only on that example's input.
     """
     total = None

@@ -32,9 +32,6 @@ change of device count. The all-reduce also makes every replica apply the
 same bits even if a device's RNG differed.
 """
 
-
-import logging
-
 import tensorflow as tf
 
 from tfdp.dp import augmentation_multiplicity as augmentation_multiplicity_lib
@@ -62,22 +59,6 @@ def is_mixed_precision(model):
         if policy is not None and policy.compute_dtype != policy.variable_dtype:
             return True
     return False
-
-
-def _mixed_precision_method(model, method):
-    """The tapped methods (ghost/mixed/bk) combine float32 norms with the
-    layers' bf16 inputs and output gradients, which needs float32 casts in
-    the clipping engine (`clipping.TAPPED_MIXED_PRECISION` says they are
-    there). Until then, mixed precision uses "vectorized", whose
-    per-example gradients are float32 (taken w.r.t. float32 variables)."""
-    if (method in clipping.TAPPED_METHODS and is_mixed_precision(model)
-            and not getattr(clipping, "TAPPED_MIXED_PRECISION", False)):
-        logging.warning(
-            "tfdp: method=%r does not support mixed precision yet; using "
-            "method='vectorized' (float32 per-example gradients and norms).", method
-        )
-        return "vectorized"
-    return method
 
 
 def _local_variable(initial_value, name):
@@ -166,7 +147,7 @@ class PrivateTrainStep:
         self.l2_norm_clip = float(l2_norm_clip)
         self.noise_multiplier = float(noise_multiplier)
         self.expected_batch_size = float(expected_batch_size)
-        self.method = _mixed_precision_method(model, clipping.resolve_method(model, method))
+        self.method = clipping.resolve_method(model, method)
         self.weight_decay = float(weight_decay)
         self.seed = int(seed)
         self.strategy = tf.distribute.get_strategy()
