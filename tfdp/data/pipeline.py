@@ -126,7 +126,7 @@ def _find_substitute(dataset, preprocess_fn):
 _GUARD_CHUNK = 32
 
 
-def _guarded_map(ds, preprocess_fn, substitute_fn, decode_stats):
+def _guarded_map(ds, preprocess_fn, substitute_fn):
     """`(image, label, weight, last, seed)` -> `(image, label, weight, last, skipped)`.
 
     Decoded images go through `preprocess_fn` in a plain parallel map. For
@@ -135,9 +135,9 @@ def _guarded_map(ds, preprocess_fn, substitute_fn, decode_stats):
     examples are preprocessed in chunks of `_GUARD_CHUNK` inside one-element
     datasets with `ignore_errors()`: a chunk that fails is redone example
     by example the same way, and an example that fails alone becomes a
-    skipped one (weight 0, zero image, label 0). Order is kept.
+    skipped one (weight 0, zero image, label 0). Order is kept. The caller
+    counts the skipped examples per batch, from the `skipped` component.
     """
-    del decode_stats  # Counted per batch, from the `skipped` component.
     encoded = ds.element_spec[0].dtype == tf.string
 
     def finish(image, label, weight, last, ok):
@@ -234,8 +234,7 @@ def _indexed_train_pipeline(
     ds = tf.data.Dataset.range(start_step, num_steps).flat_map(step_elements)
     ds = ds.map(fetch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     ds = _guarded_map(
-        ds, preprocess_fn, lambda: _find_substitute(source.as_dataset(), preprocess_fn),
-        decode_stats,
+        ds, preprocess_fn, lambda: _find_substitute(source.as_dataset(), preprocess_fn)
     )
     ds = ds.batch(spec.physical_batch_size, drop_remainder=True)
     return ds.map(_count_skipped(decode_stats))
@@ -270,7 +269,6 @@ def _streaming_train_pipeline(
     ds = _guarded_map(
         ds, preprocess_fn,
         lambda: _find_substitute(source.as_dataset(shuffle=False), preprocess_fn),
-        decode_stats,
     )
     ds = ds.batch(spec.physical_batch_size, drop_remainder=True)
     return ds.map(_count_skipped(decode_stats))
@@ -464,8 +462,7 @@ def make_eval_pipeline(
         )
     )
     ds = _guarded_map(
-        ds, seeded, lambda: _find_substitute(source.as_dataset(shuffle=False), seeded),
-        decode_stats,
+        ds, seeded, lambda: _find_substitute(source.as_dataset(shuffle=False), seeded)
     )
     ds = ds.batch(batch_size).map(_pad_batch(batch_size, decode_stats))
     ds = ds.prefetch(tf.data.AUTOTUNE)

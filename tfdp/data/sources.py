@@ -475,7 +475,6 @@ def _decode_in_memory(encoded, info):
         del seed
         return tf.ensure_shape(preprocessing.decode(image, channels), shape)
 
-    stats = pipeline.DecodeStats()
     ds = tf.data.Dataset.from_tensor_slices(encoded.astype(object))
     ds = ds.map(
         lambda image: (image, 0, 1.0, False, tf.zeros([2], tf.int64)),
@@ -489,7 +488,6 @@ def _decode_in_memory(encoded, info):
             ),
             decode,
         ),
-        stats,
     )
     decoded, ok = [], []
     for images, _, weights, _, _ in ds.batch(4096).as_numpy_iterator():
