@@ -129,14 +129,14 @@ class BadInputsTest(tf.test.TestCase):
         finally:
             train_lib.load_data = original
         self.assertEqual(summary["steps"], 12)
-        skipped = summary["skipped_undecodable_train"]
+        skipped = summary["not_covered_by_epsilon"]["skipped_undecodable_train"]
         # ~ q * 206 per step over 12 steps (q = 128/1437): well away from 0 and 206.
         self.assertGreater(skipped, 50)
         self.assertLess(skipped, 206 * 2)
         self.assertRegex(out.text, rf"skipped {skipped} undecodable images so far in training")
         self.assertIn("and 209 in this evaluation", out.text)  # 206 train + 3 test.
         with open(os.path.join(workdir, "summary.json")) as f:
-            self.assertEqual(json.load(f)["skipped_undecodable_train"], skipped)
+            self.assertEqual(json.load(f)["not_covered_by_epsilon"]["skipped_undecodable_train"], skipped)
 
     def test_cli_error_lines_drop_gin_call_suffix_and_probe_noise(self):
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")

@@ -64,6 +64,7 @@ def _mirrored_child(out_path):
     from tfdp import distribute
     from tfdp import dp
     from tfdp import models
+    from tfdp.secret_key import SecretKey
 
     def loss_fn(y, logits):
         return keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
@@ -77,6 +78,7 @@ def _mirrored_child(out_path):
     make = functools.partial(
         data_lib.make_train_pipeline, train_src, sampling="poisson",
         logical_batch_size=EQ_LOGICAL, num_steps=EQ_STEPS, seed=3,
+        sampling_key=np.array([3, 4], np.int64),
     )
 
     def build(strategy, *, sigma, clip, lr, momentum, expected, seed=0):
@@ -86,7 +88,8 @@ def _mirrored_child(out_path):
             optimizer = keras.optimizers.SGD(lr, momentum=momentum, nesterov=momentum > 0)
             step = dp.PrivateTrainStep(
                 model, optimizer, loss_fn, l2_norm_clip=clip, noise_multiplier=sigma,
-                expected_batch_size=expected, method="bk", seed=seed,
+                expected_batch_size=expected, method="bk",
+                secret_key=SecretKey.insecure_from_seed(seed),
             )
         return model, step
 

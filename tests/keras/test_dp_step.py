@@ -73,16 +73,28 @@ class DPStepTest(ktc.KerasTestCase):
         self.assertAllClose(np.std(after - before), expected, rtol=0.03)
         self.assertAllClose(np.mean(after - before), 0.0, atol=3 * expected / np.sqrt(after.size))
 
-    def test_noise_is_reproducible_from_seed(self):
+    def test_noise_is_secret_unless_an_insecure_seed_is_given(self):
         x, y = ktc.digits(16)
-        results = []
-        for seed in (3, 3, 4):
+
+        def weights_after(**kw):
             keras.utils.set_random_seed(0)
-            dp = self.private(ktc.tiny_model(), noise_multiplier=1.0, seed=seed)
+            tf.random.set_seed(0)
+            dp = self.private(ktc.tiny_model(), noise_multiplier=1.0, **kw)
             dp.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
-            results.append(dp.get_weights()[0])
-        self.assertAllClose(results[0], results[1], rtol=0, atol=0)
-        self.assertNotAllClose(results[0], results[2])
+            return dp.get_weights()[0]
+
+        # Global seeds do not make the noise reproducible: it comes from the
+        # OS's entropy.
+        self.assertNotAllClose(weights_after(), weights_after())
+        # Only the explicit, insecure option does.
+        with self.assertWarnsRegex(UserWarning, "INSECURE"):
+            same = [weights_after(insecure_reproducible_seed=s) for s in (3, 3, 4)]
+        self.assertAllClose(same[0], same[1], rtol=0, atol=0)
+        self.assertNotAllClose(same[0], same[2])
+
+    def test_seed_argument_is_refused(self):
+        with self.assertRaisesRegex(ValueError, "secret key.*insecure_reproducible_seed"):
+            tfdp.DPOptimizer(keras.optimizers.SGD(0.1), 1.0, 1.0, seed=0)
 
     def test_sample_weight_scales_loss_and_zero_is_padding(self):
         x, y = ktc.digits(16)

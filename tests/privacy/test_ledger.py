@@ -115,10 +115,21 @@ class PrivacyLedgerTest(parameterized.TestCase):
                 "accountant": "rdp",
                 "dataset_size": 60_000,
                 "batch_size": 256,
+                "l2_norm_clip": None,
             },
         )
         json.dumps(d, allow_nan=False)
         self.assertEqual(PrivacyLedger.from_dict(d), _ledger(steps=5))
+
+    def test_differences_name_every_fixed_parameter_but_steps(self):
+        base = _ledger(steps=3, l2_norm_clip=1.0)
+        self.assertEqual(base.differences(_ledger(steps=9, l2_norm_clip=1.0)), {})
+        self.assertEqual(base.differences(_ledger(l2_norm_clip=2.0)), {"l2_norm_clip": (1.0, 2.0)})
+        self.assertEqual(set(base.differences(_ledger(noise_multiplier=1.2, delta=1e-5,
+                                                      l2_norm_clip=1.0))),
+                         {"noise_multiplier", "delta"})
+        with self.assertRaisesRegex(ValueError, "l2_norm_clip must be > 0"):
+            _ledger(l2_norm_clip=0.0)
 
     def test_equality(self):
         self.assertEqual(_ledger(), _ledger())

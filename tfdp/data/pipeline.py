@@ -16,8 +16,10 @@ is counted in a `DecodeStats` counter (`dataset.decode_stats`, or the
 import inspect
 
 import gin
+import numpy as np
 import tensorflow as tf
 
+from tfdp import secret_key as secret_key_lib
 from tfdp.data import preprocessing
 from tfdp.data import sampling as sampling_lib
 
@@ -215,12 +217,13 @@ def _count_skipped(decode_stats):
 
 
 def _indexed_train_pipeline(
-    source, spec, *, num_steps, start_step, seed, preprocess_fn, input_context, decode_stats
+    source, spec, *, num_steps, start_step, seed, sampling_key, preprocess_fn, input_context,
+    decode_stats,
 ):
     host, num_hosts = _hosts(input_context)
 
     def step_elements(step):
-        indices, weights = sampling_lib.step_indices(seed, step, spec, host, num_hosts)
+        indices, weights = sampling_lib.step_indices(sampling_key, step, spec, host, num_hosts)
         length = tf.shape(indices)[0]
         lasts = tf.equal(tf.range(length), length - 1)
         seeds = sampling_lib.augment_seeds(seed, step, host, length)
@@ -241,13 +244,15 @@ def _indexed_train_pipeline(
 
 
 def _streaming_train_pipeline(
-    source, spec, *, num_steps, start_step, seed, preprocess_fn, input_context, shuffle_buffer,
-    decode_stats,
+    source, spec, *, num_steps, start_step, seed, sampling_key, preprocess_fn, input_context,
+    shuffle_buffer, decode_stats,
 ):
     host, num_hosts = _hosts(input_context)
     per_host = spec.logical_batch_size // num_hosts
-    ds = source.as_dataset(shuffle=True, seed=seed, input_context=input_context)
-    ds = ds.repeat().shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    # The order is secret randomness too: both shuffles take the secret key.
+    file_seed, buffer_seed = (int(word) for word in sampling_key)
+    ds = source.as_dataset(shuffle=True, seed=file_seed, input_context=input_context)
+    ds = ds.repeat().shuffle(shuffle_buffer, seed=buffer_seed, reshuffle_each_iteration=True)
     # The stream is deterministic, so resuming replays and drops the consumed
     # prefix; decoding happens after the skip, keeping it cheap.
     ds = ds.skip(start_step * per_host).take((num_steps - start_step) * per_host)
@@ -284,6 +289,7 @@ def make_train_pipeline(
     num_steps,
     start_step=0,
     seed,
+    sampling_key=None,
     preprocess_fn=None,
     input_context=None,
     shuffle_buffer=16384,
@@ -294,14 +300,14 @@ def make_train_pipeline(
     Each element is `(images, labels, weights, last)`: float32
     `[P, H, W, C]`, int32 `[P]`, float32 `[P]` (1 real, 0 padding) and a bool
     scalar that is True on the last physical batch of a logical step. The
-    batches of step `s` are a pure function of `(seed, s)`.
+    batches of step `s` are a pure function of `(sampling_key, s)`.
 
     Args:
         source: An `ArraySource`, `RandomAccessSource` or `StreamingSource`
             (see `tfdp.data.sources`).
         sampling: str. `"poisson"`: each example joins step s independently
             with probability q = logical_batch_size / N (mask drawn in-graph
-            from a stateless RNG seeded by (seed, s)), padded with weight-0
+            from a stateless RNG keyed by (sampling_key, s)), padded with weight-0
             examples up to a multiple of P; an empty step yields one
             all-padding batch. `"shuffle"`: per-epoch stateless permutation,
             consecutive chunks of `logical_batch_size`, no padding.
@@ -312,7 +318,11 @@ def make_train_pipeline(
             after step `num_steps - 1`.
         start_step: int. First step to produce, for exact resume. Defaults
             to `0`.
-        seed: int. Seed of sampling and augmentation.
+        seed: int. Public seed of the augmentations.
+        sampling_key: int64 `[2]` or None. The run's secret sampling sub-key
+            (`SecretKey.derive("sampling")`); the batches of step `s` are a
+            pure function of `(sampling_key, s)`. Defaults to None: a fresh
+            key from the OS's entropy (pass the checkpointed one to resume).
         preprocess_fn: callable, optional. `fn(image, seed) -> image`
             returning float32 with a static shape (see
             `tfdp.data.preprocessing`); `seed` is an int64 `[2]` stateless
@@ -358,10 +368,13 @@ def make_train_pipeline(
             del seed
             return image_fn(image)
 
+    if sampling_key is None:
+        sampling_key = secret_key_lib.SecretKey.generate().derive("sampling")
     kwargs = dict(
         num_steps=num_steps,
         start_step=start_step,
         seed=seed,
+        sampling_key=np.asarray(sampling_key, np.int64),
         preprocess_fn=preprocess_fn,
         input_context=input_context,
         decode_stats=decode_stats or DecodeStats(),

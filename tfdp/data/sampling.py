@@ -1,8 +1,12 @@
 """Samplers: which example indices form each logical step.
 
 Both samplers are stateless: the indices of step `s` are a pure function of
-`(seed, s)` (and the host), computed inside the tf.data graph, so a run
-resumed at step `s` sees exactly the batches it would have seen.
+`(sampling_key, s)` (and the host), computed inside the tf.data graph, so a
+run resumed at step `s` with its checkpointed key sees exactly the batches it
+would have seen. `sampling_key` is the run's secret sub-key
+(`tfdp.secret_key.SecretKey.derive("sampling")`): amplification by sampling
+holds only against an adversary who cannot predict which examples were drawn.
+The augmentations, which need no secrecy, use the public `--seed`.
 """
 
 import dataclasses
@@ -12,8 +16,8 @@ import tensorflow as tf
 
 SAMPLINGS = ("poisson", "shuffle")
 
-# Salts keep the random streams of the mask, the permutation and the
-# augmentations independent even though they share the user's seed.
+# Salts keep the random streams of the mask and the permutation independent
+# of each other and of the augmentations.
 _SALT_POISSON = 0x5EED0001
 _SALT_SHUFFLE = 0x5EED0002
 _SALT_AUGMENT = 0x5EED0003
@@ -117,29 +121,38 @@ def make_sampling_spec(
     )
 
 
-def _key(seed, salt, *data):
-    """A stateless seed `[2]` int64 derived from `seed`, a salt and `data`."""
-    key = tf.stack([tf.cast(seed, tf.int64), tf.constant(salt, tf.int64)])
+def _key(base_key, salt, *data):
+    """A stateless seed `[2]` int64 derived from `base_key` `[2]`, a salt and `data`."""
+    key = tf.random.experimental.stateless_fold_in(
+        tf.cast(base_key, tf.int64), tf.constant(salt, tf.int64)
+    )
     for d in data:
         key = tf.random.experimental.stateless_fold_in(key, tf.cast(d, tf.int64))
     return key
 
 
 def augment_seeds(seed, step, host, count):
-    """Per-element stateless seeds `[count, 2]` for the augmentations of a step."""
-    key = _key(seed, _SALT_AUGMENT, step, host)
+    """Per-element stateless seeds `[count, 2]` for the augmentations of a step.
+
+    Args:
+        seed: int. The run's public seed.
+    """
+    key = _key(tf.stack([tf.cast(seed, tf.int64), tf.constant(0, tf.int64)]),
+               _SALT_AUGMENT, step, host)
     return tf.random.stateless_uniform(
         [count, 2], seed=key, minval=None, maxval=None, dtype=tf.int64
     )
 
 
-def poisson_mask(seed, step, dataset_size, sampling_rate):
+def poisson_mask(sampling_key, step, dataset_size, sampling_rate):
     """Boolean `[N]`: example i is in step `step` with probability q."""
-    u = tf.random.stateless_uniform([dataset_size], seed=_key(seed, _SALT_POISSON, step), dtype=tf.float64)
+    u = tf.random.stateless_uniform(
+        [dataset_size], seed=_key(sampling_key, _SALT_POISSON, step), dtype=tf.float64
+    )
     return u < sampling_rate
 
 
-def poisson_step(seed, step, spec, host=0, num_hosts=1):
+def poisson_step(sampling_key, step, spec, host=0, num_hosts=1):
     """This host's share of the Poisson sample of `step`, padded.
 
     Sampled index number i (in increasing index order) goes to host
@@ -152,7 +165,7 @@ def poisson_step(seed, step, spec, host=0, num_hosts=1):
         `(indices, weights)`: int64 `[L]` with -1 for padding and float32
         `[L]`, where L is a positive multiple of `spec.physical_batch_size`.
     """
-    mask = poisson_mask(seed, step, spec.dataset_size, spec.sampling_rate)
+    mask = poisson_mask(sampling_key, step, spec.dataset_size, spec.sampling_rate)
     sampled = tf.where(mask)[:, 0]
     n = tf.shape(sampled, out_type=tf.int64)[0]
     mine = sampled[host::num_hosts]
@@ -166,11 +179,11 @@ def poisson_step(seed, step, spec, host=0, num_hosts=1):
     return indices, weights
 
 
-def shuffle_step(seed, step, spec, host=0, num_hosts=1):
+def shuffle_step(sampling_key, step, spec, host=0, num_hosts=1):
     """This host's share of shuffle-sampled step `step`.
 
     Epoch e = step // steps_per_epoch uses the stateless permutation
-    `index_shuffle(., seed=(seed, e))`; step positions j with
+    `index_shuffle(., seed=fold(sampling_key, e))`; step positions j with
     `j % num_hosts == host` go to this host.
 
     Returns:
@@ -182,14 +195,18 @@ def shuffle_step(seed, step, spec, host=0, num_hosts=1):
     offset = (step % steps_per_epoch) * spec.logical_batch_size
     positions = offset + tf.range(host, spec.logical_batch_size, num_hosts, dtype=tf.int64)
     indices = tf.random.experimental.index_shuffle(
-        positions, seed=_key(seed, _SALT_SHUFFLE, epoch), max_index=spec.dataset_size - 1
+        positions, seed=_key(sampling_key, _SALT_SHUFFLE, epoch), max_index=spec.dataset_size - 1
     )
     weights = tf.ones(tf.shape(indices), tf.float32)
     return indices, weights
 
 
-def step_indices(seed, step, spec, host=0, num_hosts=1):
-    """Dispatches to `poisson_step` or `shuffle_step`."""
+def step_indices(sampling_key, step, spec, host=0, num_hosts=1):
+    """Dispatches to `poisson_step` or `shuffle_step`.
+
+    Args:
+        sampling_key: int64 `[2]`. The run's secret sampling sub-key.
+    """
     if spec.sampling == "poisson":
-        return poisson_step(seed, step, spec, host, num_hosts)
-    return shuffle_step(seed, step, spec, host, num_hosts)
+        return poisson_step(sampling_key, step, spec, host, num_hosts)
+    return shuffle_step(sampling_key, step, spec, host, num_hosts)

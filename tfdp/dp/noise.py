@@ -1,52 +1,75 @@
-"""Gaussian noise for the summed clipped gradients, from stateless seeds.
+"""Gaussian noise for the summed clipped gradients, from a secret key.
 
-The seed of logical step s is (run_seed, s): reproducible from the run's seed,
-different every step, and identical on every replica that asks for it, so that
-noise added after the cross-replica sum is drawn exactly once.
+The seed of logical step s is `stateless_fold_in(noise_key, s)`, where
+`noise_key` is the run's secret sub-key (`tfdp.secret_key.SecretKey`): a
+resumed run draws the same noise, every replica that asks draws the same
+tensor (so noise added after the cross-replica sum is drawn exactly once),
+and nobody without the key can predict it.
 
-The sampler is TensorFlow's own: Philox uniforms from the step's stateless
-key, turned into normals by the Box–Muller transform exactly as
-`tf.random.stateless_normal`'s kernel does (`BoxMullerFloat`: u1 floored at
-1e-7, r = sqrt(-2 ln u1), θ = 2π·u2, normals r·sin θ and r·cos θ). Only the layout
-differs: each tensor's uniforms are drawn as two rows (u1, u2), and the
-transform runs as vectorized element-wise ops, which on 2 CPU cores is about
-1.4× faster than the kernel's scalar loop (11.2M normals: 47 ms against
-67 ms). A test checks that, paired as the kernel pairs its uniforms,
-this transform reproduces `tf.random.stateless_normal` to float rounding.
+The sampler is Box–Muller on Philox words, with a radius fine enough in the
+tail that no draw is capped below 9σ:
+- u1 = (hi + (lo + ½)·2⁻³²)·2⁻³², from two 32-bit words: a 64-bit uniform in
+  (0, 1], never 0, so r = √(−2 ln u1) ≤ √(130 ln 2) ≈ 9.49. It is computed in
+  float32 as ln(hi + (lo + ½)·2⁻³²) − 32 ln 2, which keeps full relative
+  precision in the tail, where hi is small.
+- θ = 2π·(w + ½)·2⁻³² from a third word.
+- The normals are r·sin θ and r·cos θ.
+
+TensorFlow's own `stateless_normal` floors a float32 u1 at 1e-7, which caps
+every draw at 5.68σ. Then a coordinate beyond the cap reveals that an example
+was present: for the default run that event alone costs more than δ
+(docs/PRIVACY.md, "Floating-point noise"). Here the tail mass beyond the cap,
+P(R > 9.49) = 2⁻⁶⁵ per pair of normals, is the whole truncation cost.
+
+Three words per pair instead of two cost about 1.2–1.35× the draw of TF's
+sampler (docs/BENCHMARKS.md).
 """
 
 import math
 
 import tensorflow as tf
 
-# `BoxMullerFloat`'s floor on u1 (TF core/lib/random/random_distributions.h):
-# it keeps ln(u1) finite, since a float32 uniform is 0 with probability 2^-23.
-_U1_FLOOR = 1.0e-7
+# u1 is a 64-bit uniform (hi·2³² + lo + ½)·2⁻⁶⁴: at least 2⁻⁶⁵.
+_WORD = 2.0**-32
+_LN_2_POW_32 = 32.0 * math.log(2.0)
+MAX_ABS_NORMAL = math.sqrt(-2.0 * math.log(2.0**-65))
 
 
-def step_seed(run_seed, step):
-    """The stateless seed [2] (int64) of one logical step."""
-    return tf.stack([tf.cast(run_seed, tf.int64), tf.cast(step, tf.int64)])
+def step_seed(noise_key, step):
+    """The stateless seed [2] (int64) of one logical step.
+
+    Args:
+        noise_key: int64 [2]. The run's noise sub-key
+            (`SecretKey.derive("noise")`).
+        step: int or scalar tensor. The logical step.
+    """
+    return tf.random.experimental.stateless_fold_in(
+        tf.cast(noise_key, tf.int64), tf.cast(step, tf.int64)
+    )
 
 
-def box_muller(u1, u2, stddev):
-    """Two independent N(0, stddev²) tensors from two independent U[0, 1) tensors."""
-    stddev = tf.cast(stddev, u1.dtype)
-    radius = tf.sqrt(tf.math.log(tf.maximum(u1, _U1_FLOOR)) * (-2.0 * stddev * stddev))
-    angle = u2 * (2.0 * math.pi)
+def box_muller(hi, lo, angle_word, stddev):
+    """Two independent N(0, stddev²) tensors from three tensors of uint32 words."""
+    dtype = tf.float32
+    x = tf.cast(hi, dtype) + (tf.cast(lo, dtype) + 0.5) * _WORD
+    # ln u1 ≤ 0; float32 rounding of x near 2³² must not make it positive.
+    log_u1 = tf.minimum(tf.math.log(x) - _LN_2_POW_32, 0.0)
+    radius = tf.sqrt(log_u1 * (-2.0 * stddev * stddev))
+    angle = (tf.cast(angle_word, dtype) + 0.5) * (_WORD * 2.0 * math.pi)
     return radius * tf.sin(angle), radius * tf.cos(angle)
 
 
 def _normal(shape, seed, stddev, dtype):
-    """N(0, stddev²) of a static `shape`: one Philox draw of [2, ⌈n/2⌉] uniforms."""
+    """N(0, stddev²) of a static `shape`: one Philox draw of [3, ⌈n/2⌉] words."""
     size = 1
     for d in shape:
         size *= int(d)
     half = max((size + 1) // 2, 1)
-    # Half-precision uniforms are too coarse for the tails: draw in float32.
-    draw_dtype = tf.float64 if dtype == tf.float64 else tf.float32
-    u1, u2 = tf.unstack(tf.random.stateless_uniform([2, half], seed, dtype=draw_dtype))
-    z = tf.concat(box_muller(u1, u2, stddev), 0)
+    words = tf.random.stateless_uniform(
+        [3, half], seed, minval=None, maxval=None, dtype=tf.uint32
+    )
+    hi, lo, angle_word = tf.unstack(words)
+    z = tf.concat(box_muller(hi, lo, angle_word, tf.cast(stddev, tf.float32)), 0)
     if 2 * half != size:
         z = z[:size]
     return tf.cast(tf.reshape(z, shape), dtype)

@@ -12,8 +12,8 @@ Under a tf.distribute strategy (build the step inside `strategy.scope()`):
   cross-replica context, e.g. a checkpoint, sees the sum over replicas);
 - at `apply()` each replica hands the optimizer
   `(local_sum + noise / R) / B`, where `noise` ~ N(0, (σC)²) is drawn from
-  the stateless seed `(seed, optimizer.iterations)`, so it is the SAME
-  tensor on every replica (`noise / R` is drawn directly with std σC/R from
+  the stateless seed `step_seed(noise_key, optimizer.iterations)`, so it is
+  the SAME tensor on every replica (`noise / R` is drawn directly with std σC/R from
   the same uniforms), R = `num_replicas_in_sync` and B the global expected
   logical batch size;
 - Keras 3's optimizer, called in replica context, all-reduces the gradients
@@ -25,7 +25,7 @@ Under a tf.distribute strategy (build the step inside `strategy.scope()`):
   rejecting R× and √R× mistakes).
 
 Why one common draw rather than independent N(0, σ²C²/R) per replica: the
-update is then a function of (seed, step) and the examples only, not of the
+update is then a function of (key, step) and the examples only, not of the
 number of devices, so a run on 8 GPUs reproduces the one-device run up to
 float summation order, and the noise cannot be over- or under-counted by a
 change of device count. The all-reduce also makes every replica apply the
@@ -34,6 +34,7 @@ same bits even if a device's RNG differed.
 
 import tensorflow as tf
 
+from tfdp import secret_key as secret_key_lib
 from tfdp.dp import augmentation_multiplicity as augmentation_multiplicity_lib
 from tfdp.dp import clipping
 from tfdp.dp import noise as noise_lib
@@ -97,8 +98,14 @@ class PrivateTrainStep:
             "auto".
         weight_decay: float. In-loss L2 coefficient, clipped with the
             gradient. Defaults to 0.
-        seed: int. Run seed; step s uses the noise seed (seed, s).
-            Defaults to 0.
+        seed: int. Public seed of the augmentations (K > 1). Defaults to 0.
+            It has no part in the noise.
+        secret_key: `tfdp.secret_key.SecretKey` or None. The run's secret
+            key; step s draws its noise from `step_seed(key.derive("noise"),
+            s)`. Defaults to None: a fresh key from the OS's entropy. Pass
+            the checkpointed key to resume, or
+            `SecretKey.insecure_from_seed(...)` for reproducible noise
+            (tests only: no guarantee then).
         jit_compile: bool. XLA-compile the per-replica gradient computation.
             Defaults to False (on CPU, XLA slowed every DP path).
         augmentation_multiplicity: int. K > 1 averages each example's
@@ -120,6 +127,7 @@ class PrivateTrainStep:
         method="auto",
         weight_decay=0.0,
         seed=0,
+        secret_key=None,
         jit_compile=False,
         augmentation_multiplicity=1,
         augment_fn=None,
@@ -150,6 +158,10 @@ class PrivateTrainStep:
         self.method = clipping.resolve_method(model, method)
         self.weight_decay = float(weight_decay)
         self.seed = int(seed)
+        self.secret_key = secret_key_lib.SecretKey.resolve(secret_key)
+        # A graph constant, never a variable: the key is checkpointed by the
+        # trainer, not by anything that saves the model or the optimizer.
+        self._noise_key = tf.constant(self.secret_key.derive("noise"), tf.int64)
         self.strategy = tf.distribute.get_strategy()
         self.num_replicas = int(self.strategy.num_replicas_in_sync)
         self.variables = model.trainable_variables
@@ -252,7 +264,7 @@ class PrivateTrainStep:
             lambda: [tf.zeros_like(a) for a in self.accumulators],
         )
         if self.noise_multiplier > 0:
-            seed = noise_lib.step_seed(self.seed, self.optimizer.iterations)
+            seed = noise_lib.step_seed(self._noise_key, self.optimizer.iterations)
             # noise / R, drawn directly as N(0, (σC/R)²) from the same
             # uniforms: no extra pass over the parameters.
             stddev = self.noise_multiplier * self.l2_norm_clip / float(replicas)

@@ -22,6 +22,7 @@ import keras
 import tensorflow as tf
 from keras.src.utils import tracking
 
+from tfdp import secret_key as secret_key_lib
 from tfdp.dp import clipping
 from tfdp.dp import noise as noise_lib
 
@@ -80,9 +81,13 @@ class DPOptimizer(keras.optimizers.Optimizer):
             of 32 for arrays, or else the first batch).
         weight_decay: float. In-loss L2 coefficient on conv/dense kernels,
             clipped with the gradient (Kurakin et al. 2022). Defaults to `0`.
-        seed: int. Noise seed of the run; logical step s uses the stateless
-            seed (seed, s), so a resumed run draws the same noise.
-            Defaults to `0`.
+        insecure_reproducible_seed: int or None. INSECURE, for tests and
+            reproducible research: derive the noise from this public seed.
+            No epsilon holds against anyone who knows it; it warns. Defaults
+            to `None`: the noise comes from a secret key drawn from the OS's
+            entropy when the optimizer is created. That key is never saved
+            (not in `.keras` files, weights or configs), so a run resumed
+            from a Keras checkpoint continues with fresh secret noise.
         dataset_size: int or None. N, for the privacy ledger. Defaults to
             `None`: inferred by `fit` from array inputs.
         delta: float or None. Target delta of the ledger. Defaults to `None`:
@@ -109,7 +114,7 @@ class DPOptimizer(keras.optimizers.Optimizer):
         method="auto",
         expected_batch_size=None,
         weight_decay=0.0,
-        seed=0,
+        insecure_reproducible_seed=None,
         dataset_size=None,
         delta=None,
         sampler="shuffle",
@@ -118,6 +123,14 @@ class DPOptimizer(keras.optimizers.Optimizer):
         name=None,
         **kwargs,
     ):
+        if "seed" in kwargs:
+            raise ValueError(
+                "DPOptimizer takes no `seed`: the noise comes from a secret key "
+                "drawn from the OS's entropy, so that no one who knows the "
+                "configuration can subtract it. For tests only, pass "
+                "`insecure_reproducible_seed=`. "
+                f"Received: seed={kwargs['seed']!r}"
+            )
         if kwargs:
             raise ValueError(
                 "DPOptimizer does not take base optimizer arguments; set them "
@@ -181,7 +194,11 @@ class DPOptimizer(keras.optimizers.Optimizer):
             None if expected_batch_size is None else float(expected_batch_size)
         )
         self.weight_decay = float(weight_decay)
-        self.seed = int(seed)
+        self.insecure_reproducible_seed = insecure_reproducible_seed
+        key = secret_key_lib.SecretKey.resolve(insecure_seed=insecure_reproducible_seed)
+        # A graph constant, not an optimizer variable: optimizer variables are
+        # written into `.keras` files and weights, which may be released.
+        self._noise_key = tf.constant(key.derive("noise"), tf.int64)
         self.dataset_size = None if dataset_size is None else int(dataset_size)
         self.delta = None if delta is None else float(delta)
         self.sampler = sampler
@@ -297,7 +314,7 @@ class DPOptimizer(keras.optimizers.Optimizer):
         allowed = tf.logical_or(self._max_steps_var < 0, step < self._max_steps_var)
 
         def update():
-            seed = noise_lib.step_seed(self.seed, step)
+            seed = noise_lib.step_seed(self._noise_key, step)
             noisy = noise_lib.add_noise(
                 [tf.convert_to_tensor(a) for a in self.accumulators],
                 l2_norm_clip=self.l2_norm_clip,
@@ -384,7 +401,7 @@ class DPOptimizer(keras.optimizers.Optimizer):
             "method": self.method,
             "expected_batch_size": self.expected_batch_size,
             "weight_decay": self.weight_decay,
-            "seed": self.seed,
+            "insecure_reproducible_seed": self.insecure_reproducible_seed,
             "dataset_size": self.dataset_size,
             "delta": self.delta,
             "sampler": self.sampler,
@@ -394,6 +411,9 @@ class DPOptimizer(keras.optimizers.Optimizer):
     @classmethod
     def from_config(cls, config, custom_objects=None):
         config = dict(config)
+        # Files saved before the noise became secret hold a public `seed`;
+        # the restored optimizer draws a fresh secret key instead.
+        config.pop("seed", None)
         optimizer = keras.saving.deserialize_keras_object(
             config.pop("optimizer"), custom_objects=custom_objects
         )

@@ -16,7 +16,10 @@ _FIELDS = (
     "accountant",
     "dataset_size",
     "batch_size",
+    "l2_norm_clip",
 )
+# What a run fixes for its whole life; only `steps` moves.
+CONFIGURATION_FIELDS = tuple(name for name in _FIELDS if name != "steps")
 
 
 class PrivacyLedger:
@@ -55,6 +58,9 @@ class PrivacyLedger:
         accountant: str. `"rdp"` or `"pld"`. Defaults to `"rdp"`.
         dataset_size: int or None. `N`. Defaults to `None`.
         batch_size: int or None. `B`. Defaults to `None`.
+        l2_norm_clip: float or None. The clipping bound C, recorded so that
+            a resumed run can check that it clips as the run it continues.
+            Defaults to `None`.
     """
 
     def __init__(
@@ -68,7 +74,12 @@ class PrivacyLedger:
         accountant="rdp",
         dataset_size=None,
         batch_size=None,
+        l2_norm_clip=None,
     ):
+        if l2_norm_clip is not None and not (
+            isinstance(l2_norm_clip, (int, float)) and math.isfinite(l2_norm_clip) and l2_norm_clip > 0
+        ):
+            raise ValueError(f"l2_norm_clip must be > 0. Received: l2_norm_clip={l2_norm_clip!r}")
         sigma, steps, delta, q, n, b = accounting._validate_all(
             noise_multiplier,
             steps,
@@ -87,6 +98,7 @@ class PrivacyLedger:
         self._accountant = accountant
         self._dataset_size = n
         self._batch_size = b
+        self._l2_norm_clip = None if l2_norm_clip is None else float(l2_norm_clip)
         self._steps = steps
 
     # The parameters are fixed for a ledger's life (changing them would make
@@ -98,6 +110,7 @@ class PrivacyLedger:
     accountant = property(lambda self: self._accountant)
     dataset_size = property(lambda self: self._dataset_size)
     batch_size = property(lambda self: self._batch_size)
+    l2_norm_clip = property(lambda self: self._l2_norm_clip)
     steps = property(lambda self: self._steps)
 
     def record_step(self, n=1):
@@ -154,6 +167,22 @@ class PrivacyLedger:
         """
         target = calibration._validate_budget(target_epsilon)
         return calibration._max_steps_within(target, self._epsilon)
+
+    def differences(self, other):
+        """The fixed parameters (all but `steps`) on which two ledgers differ.
+
+        Args:
+            other: `PrivacyLedger`.
+
+        Returns:
+            A dict `{name: (self's value, other's value)}`; empty when a run
+            with `other`'s configuration may continue this ledger.
+        """
+        return {
+            name: (getattr(self, name), getattr(other, name))
+            for name in CONFIGURATION_FIELDS
+            if getattr(self, name) != getattr(other, name)
+        }
 
     def to_dict(self):
         """Returns the ledger as a dict of JSON-compatible values."""
