@@ -133,8 +133,9 @@ class BadInputsTest(tf.test.TestCase):
         # ~ q * 206 per step over 12 steps (q = 128/1437): well away from 0 and 206.
         self.assertGreater(skipped, 50)
         self.assertLess(skipped, 206 * 2)
-        self.assertRegex(out.text, rf"skipped {skipped} undecodable images so far in training")
-        self.assertIn("and 209 in this evaluation", out.text)  # 206 train + 3 test.
+        self.assertRegex(out.text, rf"not covered by epsilon\): skipped {skipped} undecodable "
+                                   "training images so far")
+        self.assertIn("skipped 3 undecodable test images in this evaluation", out.text)
         with open(os.path.join(workdir, "summary.json")) as f:
             self.assertEqual(json.load(f)["not_covered_by_epsilon"]["skipped_undecodable_train"], skipped)
 

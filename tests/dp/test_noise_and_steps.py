@@ -10,6 +10,7 @@ import tensorflow as tf
 from tests.dp import dp_test_case
 from tfdp import dp
 from tfdp import models
+from tfdp import privacy
 from tfdp.dp import noise as noise_lib
 from tfdp.secret_key import SecretKey
 
@@ -78,6 +79,17 @@ class NoiseTest(tf.test.TestCase):
         _, scaled = noise_lib.box_muller(tf.constant(hi.astype(np.uint32)),
                                          tf.constant(lo.astype(np.uint32)), zero_angle, 2.5)
         self.assertAllClose(scaled, 2.5 * z_cos, rtol=1e-5)
+
+    def test_truncation_costs_at_most_a_hundredth_of_delta(self):
+        # The accountant's tail mass is the sampler's: P(R > cap) = 2^-65.
+        self.assertAllClose(np.exp(-noise_lib.MAX_ABS_NORMAL**2 / 2),
+                            privacy.accounting.NOISE_TAIL_MASS_PER_PAIR, rtol=1e-9)
+        # The default run (469 steps, 26,106 parameters, δ = 1e-5) and the
+        # paper's (1,369 steps, ResNet-18's 11.7 M, δ = 1e-6).
+        self.assertLess(privacy.noise_truncation_delta(469, 26_106), 1e-5 / 100)
+        self.assertLess(privacy.noise_truncation_delta(1369, 11_687_720), 1e-6 / 100)
+        # TF's sampler: P(u1 < 1e-7) per pair would cost ~1e-7·d/2 per step.
+        self.assertGreater(469 * 26_106 / 2 * 1e-7, 1e-5)
 
     def test_step_seeds_depend_on_the_whole_key(self):
         # Both 64-bit words of the key matter: a key is 128 secret bits.

@@ -20,6 +20,7 @@ from tfdp.privacy.accounting import epsilon
 from tfdp.privacy.accounting import epsilon_table
 from tfdp.privacy.accounting import format_epsilon_table
 from tfdp.privacy.accounting import make_dp_event
+from tfdp.privacy.accounting import noise_truncation_delta
 from tfdp.privacy.accounting import resolve_sampling_rate
 from tfdp.privacy.accounting import steps_for_epochs
 from tfdp.privacy.calibration import calibrate_noise
@@ -36,6 +37,7 @@ __all__ = [
     "epsilon_table",
     "format_epsilon_table",
     "make_dp_event",
+    "noise_truncation_delta",
     "max_steps_within",
     "resolve_sampling_rate",
     "steps_for_epochs",

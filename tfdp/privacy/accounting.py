@@ -226,6 +226,34 @@ def _validate_all(
     return noise_multiplier, steps, delta, q, n, b
 
 
+# tfdp's Gaussian sampler (`tfdp.dp.noise`) draws each pair of normals from
+# one radius R = sqrt(-2 ln u1), with u1 a 64-bit uniform never below 2^-65:
+# R never exceeds sqrt(130 ln 2) ≈ 9.49, and P(R > 9.49) = 2^-65 for an exact
+# Gaussian. That tail is all the truncation there is.
+NOISE_TAIL_MASS_PER_PAIR = 2.0**-65
+
+
+def noise_truncation_delta(steps, num_parameters):
+    """δ added by the noise sampler's largest attainable draw (9.49σ).
+
+    The run's noise differs from exact Gaussian noise only where an exact
+    pair's radius would exceed the cap, so the two differ in total variation
+    by at most ⌈d/2⌉·2⁻⁶⁵ per step, and T·⌈d/2⌉·2⁻⁶⁵ over the run. An
+    (ε, δ)-DP guarantee of the exact mechanism is then an (ε, δ + that)
+    guarantee of the run (docs/PRIVACY.md, "Floating-point noise").
+
+    Args:
+        steps: int. Noisy steps T.
+        num_parameters: int. Noised coordinates per step d.
+
+    Returns:
+        The added δ, a float.
+    """
+    steps = validate_steps(steps)
+    num_parameters = validate_steps(num_parameters, name="num_parameters")
+    return steps * math.ceil(num_parameters / 2) * NOISE_TAIL_MASS_PER_PAIR
+
+
 def steps_for_epochs(epochs, dataset_size, batch_size):
     """Returns `ceil(epochs * dataset_size / batch_size)`.
 
