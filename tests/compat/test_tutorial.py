@@ -52,6 +52,7 @@ def run_tutorial(epochs, learning_rate=0.15, noise_multiplier=1.1, l2_norm_clip=
     statement = tensorflow_privacy.compute_dp_sgd_privacy_statement(
         number_of_examples=train_data.shape[0], batch_size=batch_size,
         num_epochs=epochs, noise_multiplier=noise_multiplier, delta=1e-5,
+        used_microbatching=microbatches < batch_size,
     )
     return history.history["val_accuracy"][-1], statement
 

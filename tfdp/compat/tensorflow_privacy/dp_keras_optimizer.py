@@ -153,9 +153,9 @@ class DPKerasOptimizer(DPOptimizer):
                 "tfdp.compat.tensorflow_privacy.DPModel / DPSequential) instead."
             )
         _check_per_example_loss(model.loss)
-        loss_fn = dp_model_lib.per_example_loss_fn(
-            model.loss, getattr(model, "loss_weights", None)
-        )
+        compile_config = getattr(model, "_compile_config", None)
+        loss_weights = compile_config.config.get("loss_weights") if compile_config else None
+        loss_fn = dp_model_lib.per_example_loss_fn(model.loss, loss_weights)
         locals_ = caller.f_locals
         dp_model_lib.private_update(
             model, self, loss_fn, locals_["x"], locals_["y"], locals_["sample_weight"]
