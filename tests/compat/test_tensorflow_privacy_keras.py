@@ -245,3 +245,17 @@ def test_dp_model_needs_inputs_and_outputs():
         tensorflow_privacy.DPModel(1.0, 1.0)
     with pytest.raises(ValueError, match="use_xla"):
         tensorflow_privacy.DPSequential(1.0, 1.0, True)
+
+
+def test_functional_dp_model_trains_with_a_plain_optimizer():
+    x, y = digits(32)
+    inputs = keras.Input((8, 8, 1))
+    outputs = keras.layers.Dense(10)(keras.layers.Flatten()(inputs))
+    model = tensorflow_privacy.DPModel(
+        l2_norm_clip=1.0, noise_multiplier=0.5, inputs=inputs, outputs=outputs
+    )
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=_loss(), metrics=["accuracy"])
+    history = model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    assert model.optimizer.iterations.numpy() == 2
+    assert np.isfinite(history.history["loss"][-1])
+    assert model.l2_norm_clip == 1.0 and model.noise_multiplier == 0.5
