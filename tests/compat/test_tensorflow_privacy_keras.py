@@ -259,3 +259,15 @@ def test_functional_dp_model_trains_with_a_plain_optimizer():
     assert model.optimizer.iterations.numpy() == 2
     assert np.isfinite(history.history["loss"][-1])
     assert model.l2_norm_clip == 1.0 and model.noise_multiplier == 0.5
+
+
+def test_plain_model_with_xla_and_unknown_batch_refuses_microbatches():
+    # XLA drops the batch-size assertion, so the optimizer refuses up front.
+    x, y = digits(20)
+    model = tiny_model()
+    model.compile(
+        optimizer=tensorflow_privacy.DPKerasSGDOptimizer(C, 0.0, 4, learning_rate=1.0),
+        loss=_loss(), jit_compile=True,
+    )
+    with pytest.raises(ValueError, match="jit_compile=False"):
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0)

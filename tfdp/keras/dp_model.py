@@ -159,9 +159,7 @@ def private_update(model, optimizer, per_example_loss, x, y, sample_weight=None,
     weights = None
     if sample_weight is not None:
         weights = tf.reshape(tf.cast(sample_weight, tf.float32), [rows])
-    group = _microbatch_size(
-        getattr(optimizer, "num_microbatches", None), x.shape[0], batch_size, rows
-    )
+    x, group = _microbatch_rows(x, getattr(optimizer, "num_microbatches", None), batch_size)
     method = clipping.resolve_method(model, optimizer.method)
     captured = []
 
@@ -189,38 +187,42 @@ def private_update(model, optimizer, per_example_loss, x, y, sample_weight=None,
     return y_pred
 
 
-def _microbatch_size(num_microbatches, static_rows, batch_size, rows):
-    """Rows per clipped group (a Python int), checked against the batch.
+def _microbatch_rows(x, num_microbatches, batch_size):
+    """`x` checked against the microbatch layout, and the rows per group.
 
-    The group size must be static, so it comes from the traced batch
+    The group size must be a Python int, so it comes from the traced batch
     dimension, else from the `fit` batch size; either way every batch must
     then have exactly `num_microbatches` groups (TF-Privacy would resize the
-    groups of a short last batch instead, which a static size cannot).
+    groups of a short last batch instead, which a static size cannot). XLA
+    drops the assertion; the compat optimizer refuses XLA where the batch
+    size is not static.
     """
     if num_microbatches is None:
-        return 1
+        return x, 1
     m = int(num_microbatches)
+    x = tf.convert_to_tensor(x)
+    static_rows = x.shape[0]
     full = static_rows or batch_size or m
     if full % m:
         raise ValueError(
             f"The batch size must be a multiple of num_microbatches. "
             f"Received: batch_size={full}, num_microbatches={m}"
         )
+    hint = "" if static_rows or batch_size else (
+        ", or, for microbatches of more than one example, use "
+        "tensorflow_privacy.DPSequential / DPModel, whose `fit` knows the "
+        "batch size"
+    )
     tf.debugging.assert_equal(
-        rows, full,
+        tf.shape(x)[0], full,
         message=(
             f"With num_microbatches={m}, every batch must have {full} rows "
             f"({m} microbatches of {full // m}); a short last batch cannot be "
             "split the same way. Make the dataset size a multiple of the "
-            "batch size (or drop the remainder)"
-            + ("" if static_rows or batch_size else
-               ", or, for microbatches of more than one example, use "
-               "tensorflow_privacy.DPSequential / DPModel, whose `fit` knows "
-               "the batch size")
-            + "."
+            f"batch size (or drop the remainder){hint}."
         ),
     )
-    return full // m
+    return x, full // m
 
 
 @keras.saving.register_keras_serializable(package="tfdp")

@@ -153,12 +153,25 @@ class DPKerasOptimizer(DPOptimizer):
                 "tfdp.compat.tensorflow_privacy.DPModel / DPSequential) instead."
             )
         _check_per_example_loss(model.loss)
+        x = caller.f_locals["x"]
+        if (
+            self.num_microbatches is not None
+            and getattr(x, "shape", (None,))[0] is None
+            and model.jit_compile
+        ):
+            # The batch-size assertion that guards microbatching is dropped
+            # by XLA; refuse rather than clip with the wrong grouping.
+            raise ValueError(
+                "num_microbatches with XLA needs a static batch size, which "
+                "Keras did not trace here. Compile with `jit_compile=False`, or "
+                "use tensorflow_privacy.DPSequential / DPModel. Received: "
+                f"num_microbatches={self.num_microbatches}, jit_compile=True"
+            )
         compile_config = getattr(model, "_compile_config", None)
         loss_weights = compile_config.config.get("loss_weights") if compile_config else None
         loss_fn = dp_model_lib.per_example_loss_fn(model.loss, loss_weights)
-        locals_ = caller.f_locals
         dp_model_lib.private_update(
-            model, self, loss_fn, locals_["x"], locals_["y"], locals_["sample_weight"]
+            model, self, loss_fn, x, caller.f_locals["y"], caller.f_locals["sample_weight"]
         )
 
     # ------------------------------------------------------------------
