@@ -271,3 +271,29 @@ def test_plain_model_with_xla_and_unknown_batch_refuses_microbatches():
     )
     with pytest.raises(ValueError, match="jit_compile=False"):
         model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+
+
+def test_save_and_load(tmp_path):
+    x, y = digits(32)
+    plain = tiny_model()
+    plain.compile(
+        optimizer=tensorflow_privacy.DPKerasSGDOptimizer(
+            1.0, 1.1, None, learning_rate=0.1, momentum=0.5
+        ),
+        loss=_loss(),
+    )
+    dp_sequential = tensorflow_privacy.DPSequential(1.0, 1.1, 4, layers=tiny_model().layers)
+    dp_sequential.compile(optimizer=keras.optimizers.SGD(0.1), loss=_loss())
+    for model in (plain, dp_sequential):
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+        path = str(tmp_path / f"{model.name}.keras")
+        model.save(path)
+        loaded = keras.models.load_model(path)
+        assert type(loaded) is type(model)
+        assert type(loaded.optimizer) is type(model.optimizer)
+        assert loaded.optimizer.get_config() == model.optimizer.get_config()
+        assert loaded.optimizer.iterations.numpy() == 2
+        for a, b in zip(loaded.get_weights(), model.get_weights()):
+            np.testing.assert_array_equal(a, b)
+        loaded.fit(x, y, batch_size=16, epochs=1, verbose=0)
+        assert loaded.optimizer.iterations.numpy() == 4

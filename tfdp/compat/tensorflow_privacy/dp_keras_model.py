@@ -99,10 +99,8 @@ class DPModel(NativeDPModel):
 
     def compile(self, optimizer="rmsprop", loss=None, **kwargs):
         """Compiles with a plain optimizer, wrapped with this model's DP settings."""
-        if isinstance(optimizer, DPKerasOptimizer) and getattr(
-            optimizer, "_tfdp_compat_owner", None
-        ) == id(self):
-            wrapped = optimizer  # Re-compile of our own wrapper.
+        if self._owns(optimizer):
+            wrapped = optimizer  # Our own wrapper: a re-compile, or a load.
         else:
             optimizer = keras.optimizers.get(optimizer)
             if isinstance(optimizer, DPOptimizer):
@@ -117,8 +115,17 @@ class DPModel(NativeDPModel):
                 self._noise_multiplier,
                 num_microbatches=self._num_microbatches,
             )
-            wrapped._tfdp_compat_owner = id(self)
         super().compile(optimizer=wrapped, loss=loss, **kwargs)
+
+    def _owns(self, optimizer):
+        """Whether `optimizer` is the wrapper `compile` makes for this model."""
+        return (
+            type(optimizer) is DPKerasOptimizer
+            and optimizer.l2_norm_clip == self._l2_norm_clip
+            and optimizer._noise_multiplier == self._noise_multiplier
+            and optimizer.num_microbatches == self._num_microbatches
+            and optimizer.accumulation_steps == 1
+        )
 
     def get_config(self):
         config = super().get_config()

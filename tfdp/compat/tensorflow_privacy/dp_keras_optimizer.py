@@ -285,7 +285,7 @@ def make_keras_optimizer_class(cls):
             )
         return klass(**config)
 
-    name = f"DPKeras{cls.__name__}"
+    name = f"DPKeras{cls.__name__}Optimizer"
     doc = (
         f"TF-Privacy's `{name}`: `keras.optimizers.{cls.__name__}` with DP-SGD.\n\n"
         f"`{name}(l2_norm_clip, noise_multiplier, num_microbatches=None,\n"
