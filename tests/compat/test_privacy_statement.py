@@ -139,3 +139,17 @@ def test_bad_arguments_raise():
         tensorflow_privacy.compute_dp_sgd_privacy_statement(100, 10, 1, -1.0, 1e-5)
     with pytest.raises(ValueError, match="batch size"):
         tensorflow_privacy.compute_dp_sgd_privacy(10, 100, 1.0, 1, 1e-5)
+
+
+def test_statement_imports_no_tensorflow():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from tfdp.compat.tensorflow_privacy import compute_dp_sgd_privacy_statement\n"
+        "print(compute_dp_sgd_privacy_statement(100, 10, 1, 1.0, 1e-3).epsilon_poisson)\n"
+        "assert 'tensorflow' not in sys.modules, 'tensorflow imported'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

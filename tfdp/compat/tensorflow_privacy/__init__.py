@@ -16,29 +16,44 @@ and accounting are tfdp's:
 - `compute_dp_sgd_privacy_statement`, `compute_dp_sgd_privacy`: the same
   RDP figures as TF-Privacy. The statement is a `str` with the two epsilons
   also as attributes (`.epsilon_once_per_epoch`, `.epsilon_poisson`).
+  They import no TensorFlow.
 
 See `docs/MIGRATING.md` for what differs and for the native route
 (`tfdp.make_private`, `tfdp.DPOptimizer`).
 """
 
-from tfdp.compat.tensorflow_privacy.dp_keras_model import DPModel
-from tfdp.compat.tensorflow_privacy.dp_keras_model import DPSequential
-from tfdp.compat.tensorflow_privacy.dp_keras_optimizer import DPKerasAdagradOptimizer
-from tfdp.compat.tensorflow_privacy.dp_keras_optimizer import DPKerasAdamOptimizer
-from tfdp.compat.tensorflow_privacy.dp_keras_optimizer import DPKerasOptimizer
-from tfdp.compat.tensorflow_privacy.dp_keras_optimizer import DPKerasSGDOptimizer
-from tfdp.compat.tensorflow_privacy.dp_keras_optimizer import VectorizedDPKerasAdagradOptimizer
-from tfdp.compat.tensorflow_privacy.dp_keras_optimizer import VectorizedDPKerasAdamOptimizer
-from tfdp.compat.tensorflow_privacy.dp_keras_optimizer import VectorizedDPKerasSGDOptimizer
-from tfdp.compat.tensorflow_privacy.dp_keras_optimizer import make_keras_optimizer_class
-from tfdp.compat.tensorflow_privacy.dp_keras_optimizer import (
-    make_vectorized_keras_optimizer_class,
-)
-from tfdp.compat.tensorflow_privacy.privacy_statement import PrivacyStatement
-from tfdp.compat.tensorflow_privacy.privacy_statement import compute_dp_sgd_privacy
-from tfdp.compat.tensorflow_privacy.privacy_statement import (
-    compute_dp_sgd_privacy_statement,
-)
+import importlib
+
+# The Keras classes import TensorFlow; the privacy statement does not, so
+# names are resolved on first access.
+_MODULES = {
+    "DPModel": "dp_keras_model",
+    "DPSequential": "dp_keras_model",
+    "DPKerasAdagradOptimizer": "dp_keras_optimizer",
+    "DPKerasAdamOptimizer": "dp_keras_optimizer",
+    "DPKerasOptimizer": "dp_keras_optimizer",
+    "DPKerasSGDOptimizer": "dp_keras_optimizer",
+    "VectorizedDPKerasAdagradOptimizer": "dp_keras_optimizer",
+    "VectorizedDPKerasAdamOptimizer": "dp_keras_optimizer",
+    "VectorizedDPKerasSGDOptimizer": "dp_keras_optimizer",
+    "make_keras_optimizer_class": "dp_keras_optimizer",
+    "make_vectorized_keras_optimizer_class": "dp_keras_optimizer",
+    "PrivacyStatement": "privacy_statement",
+    "compute_dp_sgd_privacy": "privacy_statement",
+    "compute_dp_sgd_privacy_statement": "privacy_statement",
+}
+
+
+def __getattr__(name):
+    if name in _MODULES:
+        module = importlib.import_module(f"{__name__}.{_MODULES[name]}")
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_MODULES))
+
 
 __all__ = [
     "DPKerasAdagradOptimizer",
