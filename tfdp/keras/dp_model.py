@@ -11,6 +11,10 @@ per-example gradients and divides the noisy sum by the expected logical batch
 size. A `sample_weight` scales each example's loss *before* clipping (so it
 is still bounded by C); weight 0 is padding (no contribution, no norm). The
 divisor does not depend on the weights.
+
+`private_update` is the DP half of the train step (clip, accumulate, noise,
+update); `tfdp.compat.tensorflow_privacy` also runs it for plain Keras models
+compiled with a TF-Privacy optimizer, with TF-Privacy's microbatches.
 """
 
 import keras
