@@ -11,6 +11,10 @@ per-example gradients and divides the noisy sum by the expected logical batch
 size. A `sample_weight` scales each example's loss *before* clipping (so it
 is still bounded by C); weight 0 is padding (no contribution, no norm). The
 divisor does not depend on the weights.
+
+`private_update` is the DP half of the train step (clip, accumulate, noise,
+update); `tfdp.compat.tensorflow_privacy` also runs it for plain Keras models
+compiled with a TF-Privacy optimizer, with TF-Privacy's microbatches.
 """
 
 import keras
@@ -99,6 +103,130 @@ def _regularized_layers(model):
             if getattr(layer, attr, None) is not None:
                 found.append(f"{layer.name}.{attr}")
     return found
+
+
+def private_update(model, optimizer, per_example_loss, x, y, sample_weight=None, *,
+                   batch_size=None):
+    """The DP-SGD half of a `fit` step: clip, accumulate, noise, update.
+
+    Clips each example's gradient (or, for an optimizer with a
+    `num_microbatches` attribute, as in `tfdp.compat.tensorflow_privacy`,
+    each microbatch's mean gradient) to the optimizer's `l2_norm_clip`, adds
+    the sum to the optimizer's accumulators and, on the last batch of a
+    logical step, noises once and updates. Runs inside a traced train step.
+
+    Microbatches follow TF-Privacy: with `num_microbatches=M`, a batch of
+    `M * m` rows is split into `M` consecutive groups of `m` rows, and group
+    j's loss is the mean of its rows' (weighted) losses.
+
+    Args:
+        model: `keras.Model`. The (plain, inner) model whose
+            `trainable_variables` are updated.
+        optimizer: `tfdp.DPOptimizer`. Clipping bound, noise and state.
+        per_example_loss: callable. `(y_true, y_pred) -> [B]` losses (see
+            `per_example_loss_fn`).
+        x: tensor. Inputs, batch first (a single tensor).
+        y: tensor. Targets.
+        sample_weight: optional tensor [B]. Scales each row's loss before
+            clipping. Defaults to `None` (ones).
+        batch_size: int or None. The `fit` batch size; needed with
+            microbatches when the traced batch dimension is unknown.
+            Defaults to `None`.
+
+    Returns:
+        The predictions of the clipping forward pass (for metrics).
+    """
+    if tf.distribute.get_strategy().num_replicas_in_sync > 1:
+        raise NotImplementedError(
+            "Private Keras models train on a single replica (the wrapped "
+            "optimizer would average, not sum, the replicas' clipped sums). "
+            "For several devices use tfdp's trainer (tfdp.train)."
+        )
+    regularized = _regularized_layers(model)
+    if regularized:
+        raise NotImplementedError(
+            "Layer regularizers are not part of the per-example loss of a "
+            f"private model (found {regularized}). Use "
+            "`DPOptimizer(weight_decay=...)` for an L2 penalty that is "
+            "clipped with the gradient."
+        )
+    if not tf.is_tensor(x) and not isinstance(x, np.ndarray):
+        raise NotImplementedError(
+            "Private models take a single input tensor. "
+            f"Received: x of type {type(x).__name__}"
+        )
+    if not model.built:  # First trace only: creates the variables.
+        model(x, training=False)
+    if not optimizer.built:
+        optimizer.build(model.trainable_variables)
+    rows = tf.shape(x)[0]
+    weights = None
+    if sample_weight is not None:
+        weights = tf.reshape(tf.cast(sample_weight, tf.float32), [rows])
+    x, group = _microbatch_rows(x, getattr(optimizer, "num_microbatches", None), batch_size)
+    method = clipping.resolve_method(model, optimizer.method)
+    captured = []
+
+    def capturing_loss_fn(y_true, y_pred):
+        captured.append(y_pred)
+        return per_example_loss(y_true, y_pred)
+
+    variables = model.trainable_variables
+    clipped_sum, _ = clipping.clipped_grad_sum(
+        model,
+        capturing_loss_fn,
+        x,
+        y,
+        l2_norm_clip=optimizer.l2_norm_clip,
+        method=method,
+        sample_weight=weights,
+        weight_decay=optimizer.weight_decay,
+        augmentation_multiplicity=group,
+    )
+    if method in clipping.TAPPED_METHODS and len(captured) == 1:
+        y_pred = captured[0]  # The batched forward pass of the clipping.
+    else:  # Per-example forward passes: recompute the batch's predictions.
+        y_pred = model(x, training=True)
+    optimizer._dp_accumulate(clipped_sum, variables, rows // group)
+    return y_pred
+
+
+def _microbatch_rows(x, num_microbatches, batch_size):
+    """`x` checked against the microbatch layout, and the rows per group.
+
+    The group size must be a Python int, so it comes from the traced batch
+    dimension, else from the `fit` batch size; either way every batch must
+    then have exactly `num_microbatches` groups (TF-Privacy would resize the
+    groups of a short last batch instead, which a static size cannot). XLA
+    drops the assertion; the compat optimizer refuses XLA where the batch
+    size is not static.
+    """
+    if num_microbatches is None:
+        return x, 1
+    m = int(num_microbatches)
+    x = tf.convert_to_tensor(x)
+    static_rows = x.shape[0]
+    full = static_rows or batch_size or m
+    if full % m:
+        raise ValueError(
+            f"The batch size must be a multiple of num_microbatches. "
+            f"Received: batch_size={full}, num_microbatches={m}"
+        )
+    hint = "" if static_rows or batch_size else (
+        ", or, for microbatches of more than one example, use "
+        "tensorflow_privacy.DPSequential / DPModel, whose `fit` knows the "
+        "batch size"
+    )
+    tf.debugging.assert_equal(
+        tf.shape(x)[0], full,
+        message=(
+            f"With num_microbatches={m}, every batch must have {full} rows "
+            f"({m} microbatches of {full // m}); a short last batch cannot be "
+            "split the same way. Make the dataset size a multiple of the "
+            f"batch size (or drop the remainder){hint}."
+        ),
+    )
+    return x, full // m
 
 
 @keras.saving.register_keras_serializable(package="tfdp")
@@ -220,6 +348,7 @@ class DPModel(keras.Model):
                 n = int(np.floor(n * (1.0 - split)))
             optimizer.inferred_dataset_size = n
         optimizer._set_fit_batch_size(physical)
+        self._dp_fit_batch_size = physical
         if self.model.built and not optimizer.built:
             optimizer.build(self.model.trainable_variables)
         return super().fit(x, y, batch_size=batch_size, **kwargs)
@@ -229,64 +358,15 @@ class DPModel(keras.Model):
     # ------------------------------------------------------------------
 
     def train_step(self, data):
-        optimizer = self.dp_optimizer
-        if tf.distribute.get_strategy().num_replicas_in_sync > 1:
-            raise NotImplementedError(
-                "Private Keras models train on a single replica (the wrapped "
-                "optimizer would average, not sum, the replicas' clipped sums). "
-                "For several devices use tfdp's trainer (tfdp.train)."
-            )
-        regularized = _regularized_layers(self.model)
-        if regularized:
-            raise NotImplementedError(
-                "Layer regularizers are not part of the per-example loss of a "
-                f"private model (found {regularized}). Use "
-                "`DPOptimizer(weight_decay=...)` for an L2 penalty that is "
-                "clipped with the gradient."
-            )
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        if not tf.is_tensor(x) and not isinstance(x, np.ndarray):
-            raise NotImplementedError(
-                "Private models take a single input tensor. "
-                f"Received: x of type {type(x).__name__}"
-            )
-        if not self.model.built:  # First trace only: creates the variables.
-            self.model(x, training=False)
-        if not optimizer.built:
-            optimizer.build(self.model.trainable_variables)
-        batch = tf.shape(x)[0]
-        weights = None
-        if sample_weight is not None:
-            weights = tf.reshape(tf.cast(sample_weight, tf.float32), [batch])
-        method = clipping.resolve_method(self.model, optimizer.method)
-        loss_fn = self._dp_loss_fn
-        captured = []
-
-        def capturing_loss_fn(y_true, y_pred):
-            captured.append(y_pred)
-            return loss_fn(y_true, y_pred)
-
-        variables = self.model.trainable_variables
-        clipped_sum, _ = clipping.clipped_grad_sum(
-            self.model,
-            capturing_loss_fn,
-            x,
-            y,
-            l2_norm_clip=optimizer.l2_norm_clip,
-            method=method,
-            sample_weight=weights,
-            weight_decay=optimizer.weight_decay,
+        y_pred = private_update(
+            self.model, self.dp_optimizer, self._dp_loss_fn, x, y, sample_weight,
+            batch_size=getattr(self, "_dp_fit_batch_size", None),
         )
-        if method in clipping.TAPPED_METHODS and len(captured) == 1:
-            y_pred = captured[0]  # The batched forward pass of the clipping.
-        else:  # Per-example forward passes: recompute the batch's predictions.
-            y_pred = self.model(x, training=True)
-        optimizer._dp_accumulate(clipped_sum, variables, batch)
-
         loss = self._compute_loss(
             x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
         )
-        self._loss_tracker.update_state(loss, sample_weight=batch)
+        self._loss_tracker.update_state(loss, sample_weight=tf.shape(x)[0])
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     # ------------------------------------------------------------------

@@ -1,0 +1,73 @@
+"""TF-Privacy's Keras API on tfdp: change the import, keep the code.
+
+```python
+# import tensorflow_privacy
+from tfdp.compat import tensorflow_privacy
+```
+
+The names, arguments and meanings are TF-Privacy 0.9's; the clipping, noise
+and accounting are tfdp's:
+
+- `DPKerasSGDOptimizer`, `DPKerasAdamOptimizer`, `DPKerasAdagradOptimizer`
+  (and the `VectorizedDPKeras*` names, the same classes): compile them into
+  a plain Keras model with a per-example loss (`reduction=None`).
+- `DPModel`, `DPSequential`: models that clip and noise themselves; compile
+  them with a plain optimizer.
+- `compute_dp_sgd_privacy_statement`, `compute_dp_sgd_privacy`: the same
+  RDP figures as TF-Privacy. The statement is a `str` with the two epsilons
+  also as attributes (`.epsilon_once_per_epoch`, `.epsilon_poisson`).
+  They import no TensorFlow.
+
+See `docs/MIGRATING.md` for what differs and for the native route
+(`tfdp.make_private`, `tfdp.DPOptimizer`).
+"""
+
+import importlib
+
+# The Keras classes import TensorFlow; the privacy statement does not, so
+# names are resolved on first access.
+_MODULES = {
+    "DPModel": "dp_keras_model",
+    "DPSequential": "dp_keras_model",
+    "DPKerasAdagradOptimizer": "dp_keras_optimizer",
+    "DPKerasAdamOptimizer": "dp_keras_optimizer",
+    "DPKerasOptimizer": "dp_keras_optimizer",
+    "DPKerasSGDOptimizer": "dp_keras_optimizer",
+    "VectorizedDPKerasAdagradOptimizer": "dp_keras_optimizer",
+    "VectorizedDPKerasAdamOptimizer": "dp_keras_optimizer",
+    "VectorizedDPKerasSGDOptimizer": "dp_keras_optimizer",
+    "make_keras_optimizer_class": "dp_keras_optimizer",
+    "make_vectorized_keras_optimizer_class": "dp_keras_optimizer",
+    "PrivacyStatement": "privacy_statement",
+    "compute_dp_sgd_privacy": "privacy_statement",
+    "compute_dp_sgd_privacy_statement": "privacy_statement",
+}
+
+
+def __getattr__(name):
+    if name in _MODULES:
+        module = importlib.import_module(f"{__name__}.{_MODULES[name]}")
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_MODULES))
+
+
+__all__ = [
+    "DPKerasAdagradOptimizer",
+    "DPKerasAdamOptimizer",
+    "DPKerasOptimizer",
+    "DPKerasSGDOptimizer",
+    "DPModel",
+    "DPSequential",
+    "PrivacyStatement",
+    "VectorizedDPKerasAdagradOptimizer",
+    "VectorizedDPKerasAdamOptimizer",
+    "VectorizedDPKerasSGDOptimizer",
+    "compute_dp_sgd_privacy",
+    "compute_dp_sgd_privacy_statement",
+    "make_keras_optimizer_class",
+    "make_vectorized_keras_optimizer_class",
+]

@@ -1,0 +1,177 @@
+"""TF-Privacy's `DPModel` and `DPSequential`, as `tfdp.DPModel`s.
+
+TF-Privacy's DP models hold the DP-SGD hyperparameters themselves and are
+compiled with a plain optimizer and an ordinary (reduced) loss; each
+microbatch's mean gradient is clipped, Gaussian noise of std
+`l2_norm_clip * noise_multiplier` is added to the sum, and the sum is
+divided by the number of microbatches. Here the model wraps a Keras model
+in a `tfdp.DPModel`, and `compile` wraps the plain optimizer in a
+`DPKerasOptimizer` with the model's settings.
+"""
+
+import keras
+
+from tfdp.compat.tensorflow_privacy import _native_route
+from tfdp.compat.tensorflow_privacy.dp_keras_optimizer import DPKerasOptimizer
+from tfdp.compat.tensorflow_privacy.dp_keras_optimizer import validate_arguments
+from tfdp.keras import DPModel as NativeDPModel
+from tfdp.keras import DPOptimizer
+
+
+@keras.saving.register_keras_serializable(package="tfdp.compat")
+class DPModel(NativeDPModel):
+    """TF-Privacy's `DPModel`: a Functional Keras model trained with DP-SGD.
+
+    ```python
+    inputs = keras.Input((28, 28, 1))
+    outputs = keras.layers.Dense(10)(keras.layers.Flatten()(inputs))
+    model = DPModel(l2_norm_clip=1.0, noise_multiplier=1.1,
+                    inputs=inputs, outputs=outputs)
+    model.compile(optimizer=keras.optimizers.SGD(0.1),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, y, batch_size=250, epochs=15)
+    ```
+
+    Compile it with a plain optimizer (not a DP one) and any loss; the loss
+    reduction does not matter.
+
+    Args:
+        l2_norm_clip: float. Clipping bound C > 0 of each microbatch's mean
+            gradient.
+        noise_multiplier: float. sigma >= 0; noise std on the clipped sum
+            is sigma * C, and the sum is divided by the number of
+            microbatches.
+        num_microbatches: int or None. Microbatches per batch (the batch
+            size must be a multiple). Defaults to `None`: one per example.
+        use_xla: bool. Accepted for compatibility; tfdp compiles with
+            `jit_compile=False` unless `compile(jit_compile=True)`.
+            Defaults to `True`.
+        layer_registry: Accepted for compatibility and ignored: tfdp's
+            engine covers Conv2D, Dense, Embedding and normalisation layers
+            itself.
+        model: `keras.Model` or None. An existing model to wrap instead of
+            building one from `*args` / `**kwargs`. Defaults to `None`.
+        *args: passed to `keras.Model` (e.g. `inputs`, `outputs`).
+        **kwargs: passed to `keras.Model`.
+    """
+
+    _inner_model_class = keras.Model
+
+    def __init__(
+        self,
+        l2_norm_clip,
+        noise_multiplier,
+        num_microbatches=None,
+        use_xla=True,
+        layer_registry=None,
+        *args,
+        model=None,
+        **kwargs,
+    ):
+        _native_route.log_native_route_once()
+        if isinstance(num_microbatches, bool):
+            raise ValueError(
+                "Boolean value supplied for `num_microbatches`; did you mean "
+                f"`use_xla`? Received: num_microbatches={num_microbatches}"
+            )
+        if model is None:
+            if self._inner_model_class is keras.Model and "outputs" not in kwargs and len(args) < 2:
+                raise ValueError(
+                    "tfdp.compat's DPModel wraps a Functional model: pass "
+                    "`inputs=` and `outputs=` (or `model=`). To subclass, "
+                    "subclass keras.Model and use `tfdp.make_private(model)`."
+                )
+            model = self._inner_model_class(*args, **kwargs)
+        validate_arguments(l2_norm_clip, noise_multiplier, num_microbatches)
+        super().__init__(model)
+        self._l2_norm_clip = float(l2_norm_clip)
+        self._noise_multiplier = float(noise_multiplier)
+        self._num_microbatches = num_microbatches
+        self._use_xla = bool(use_xla)
+
+    @property
+    def l2_norm_clip(self):
+        return self._l2_norm_clip
+
+    @property
+    def noise_multiplier(self):
+        return self._noise_multiplier
+
+    def compile(self, optimizer="rmsprop", loss=None, **kwargs):
+        """Compiles with a plain optimizer, wrapped with this model's DP settings."""
+        if self._owns(optimizer):
+            wrapped = optimizer  # Our own wrapper: a re-compile, or a load.
+        else:
+            optimizer = keras.optimizers.get(optimizer)
+            if isinstance(optimizer, DPOptimizer):
+                raise ValueError(
+                    "A DPModel / DPSequential clips and noises itself: compile "
+                    "it with a plain Keras optimizer, as in TF-Privacy. "
+                    f"Received: optimizer={optimizer!r}"
+                )
+            wrapped = DPKerasOptimizer(
+                optimizer,
+                self._l2_norm_clip,
+                self._noise_multiplier,
+                num_microbatches=self._num_microbatches,
+            )
+        super().compile(optimizer=wrapped, loss=loss, **kwargs)
+
+    def _owns(self, optimizer):
+        """Whether `optimizer` is the wrapper `compile` makes for this model."""
+        return (
+            type(optimizer) is DPKerasOptimizer
+            and optimizer.l2_norm_clip == self._l2_norm_clip
+            and optimizer._noise_multiplier == self._noise_multiplier
+            and optimizer.num_microbatches == self._num_microbatches
+            and optimizer.accumulation_steps == 1
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            l2_norm_clip=self._l2_norm_clip,
+            noise_multiplier=self._noise_multiplier,
+            num_microbatches=self._num_microbatches,
+            use_xla=self._use_xla,
+        )
+        return config
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        model = keras.saving.deserialize_keras_object(
+            config.pop("model"), custom_objects=custom_objects
+        )
+        config.pop("name", None)
+        return cls(model=model, **config)
+
+
+@keras.saving.register_keras_serializable(package="tfdp.compat")
+class DPSequential(DPModel):
+    """TF-Privacy's `DPSequential`: a Sequential Keras model trained with DP-SGD.
+
+    ```python
+    model = DPSequential(
+        l2_norm_clip=1.0, noise_multiplier=1.1, num_microbatches=None,
+        layers=[keras.Input((28, 28, 1)), keras.layers.Flatten(),
+                keras.layers.Dense(10)],
+    )
+    ```
+
+    Args:
+        l2_norm_clip: float. See `DPModel`.
+        noise_multiplier: float. See `DPModel`.
+        num_microbatches: int or None. See `DPModel`.
+        use_xla: bool. See `DPModel`.
+        layer_registry: ignored. See `DPModel`.
+        *args: passed to `keras.Sequential` (`layers`, `name`).
+        model: `keras.Sequential` or None. See `DPModel`.
+        **kwargs: passed to `keras.Sequential`.
+    """
+
+    _inner_model_class = keras.Sequential
+
+    def add(self, layer):
+        """Appends a layer to the wrapped `keras.Sequential`."""
+        self.model.add(layer)
