@@ -56,8 +56,8 @@ class BadInputsTest(tf.test.TestCase):
     def test_invalid_hyperparameters(self):
         cases = {
             "train.l2_norm_clip = -1.0": "l2_norm_clip",
-            "train.delta = 0.0": "delta must be in",
-            "train.delta = -1e-5": "delta must be in",
+            "train.delta = 0.0": "delta`? must be in",
+            "train.delta = -1e-5": "delta`? must be in",
             "train.target_epsilon = 0.0": "target_epsilon must be > 0",
             "train.epochs = 0": "epochs must be > 0",
             "train.physical_batch_size = -1": "Batch sizes",
@@ -152,7 +152,7 @@ class BadInputsTest(tf.test.TestCase):
         self.assertNotIn("In call to configurable", result.stderr)
         self.assertNotIn("Path not found", result.stderr)  # gin's include probe.
         self.assertIn(
-            "error: l2_norm_clip (C) must be > 0. Received: l2_norm_clip=-1.0\n", result.stderr
+            "error: l2_norm_clip must be > 0. Received: l2_norm_clip=-1.0\n", result.stderr
         )
 
 

@@ -71,12 +71,12 @@ def _mirrored_child(out_path):
 
     train_src, _, info = data_lib.load_offline("digits", seed=0)
     n = len(train_src)
-    spec = data_lib.train_sampling_spec(
-        train_src, sampling="poisson", physical_batch_size=EQ_PHYSICAL,
+    spec = data_lib.train_sampler(
+        train_src, sampler="poisson", physical_batch_size=EQ_PHYSICAL,
         logical_batch_size=EQ_LOGICAL,
     )
     make = functools.partial(
-        data_lib.make_train_pipeline, train_src, sampling="poisson",
+        data_lib.make_train_pipeline, train_src, sampler="poisson",
         logical_batch_size=EQ_LOGICAL, num_steps=EQ_STEPS, seed=3,
         sampling_key=np.array([3, 4], np.int64),
     )

@@ -16,10 +16,13 @@ _LAZY = {
       "optim": "tfdp.optim",
       "keras": "tfdp.keras",
       "callbacks": "tfdp.keras.callbacks",
+      "samplers": "tfdp.samplers",
+      "secret_key": "tfdp.secret_key",
 }
 
 # Names re-exported from a submodule, imported on first access.
 _LAZY_ATTRS = {
+    "DPSGD": "tfdp.mechanism",
     "DPOptimizer": "tfdp.keras",
     "DPModel": "tfdp.keras",
     "make_private": "tfdp.keras",

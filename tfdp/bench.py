@@ -116,6 +116,7 @@ def _run_child(args):
     import tensorflow as tf
 
     from tfdp import dp
+    from tfdp.mechanism import DPSGD
 
     method = args.child_method
     jit = args.child_jit == "on"
@@ -132,10 +133,10 @@ def _run_child(args):
             weight_decay=args.weight_decay, jit_compile=jit,
         )
     else:
+        mechanism = DPSGD(args.l2_norm_clip, args.noise_multiplier,
+                          expected_batch_size=args.batch_size * args.virtual_steps)
         step = dp.PrivateTrainStep(
-            model, optimizer, loss_fn,
-            l2_norm_clip=args.l2_norm_clip, noise_multiplier=args.noise_multiplier,
-            expected_batch_size=args.batch_size * args.virtual_steps, method=method,
+            model, optimizer, loss_fn, mechanism=mechanism, method=method,
             weight_decay=args.weight_decay, jit_compile=jit,
         )
     rng = np.random.default_rng(0)
@@ -147,10 +148,12 @@ def _run_child(args):
     baseline_rss = _current_rss_mb()
     baseline_peak = _peak_rss_mb()
 
+    # One logical step: `virtual_steps` physical batches, the last one marked.
+    logical_step = [(x, y, w, i == args.virtual_steps - 1) for i in range(args.virtual_steps)]
+
     def one_step():
-        for _ in range(args.virtual_steps):
-            step.accumulate(x, y, w)
-        step.apply()
+        for _ in dp.run_logical_steps(step, logical_step):
+            pass
         probe.numpy()  # Waits for the step to finish.
 
     t0 = time.perf_counter()

@@ -74,23 +74,8 @@ def _per_example_loss(y_true, logits):
     return keras.losses.sparse_categorical_crossentropy(y_true, logits, from_logits=True)
 
 
-def _check_hyperparameters(private, l2_norm_clip, noise_multiplier, target_epsilon, delta,
-                           logical_batch_size, physical_batch_size, epochs):
-    if private and not l2_norm_clip > 0:
-        raise ValueError(f"l2_norm_clip (C) must be > 0. Received: l2_norm_clip={l2_norm_clip}")
-    if noise_multiplier is not None and noise_multiplier < 0:
-        raise ValueError(
-            f"noise_multiplier (sigma) must be >= 0. Received: noise_multiplier={noise_multiplier}"
-        )
-    if not 0 < delta < 1:
-        raise ValueError(f"delta must be in (0, 1). Received: delta={delta}")
-    if target_epsilon is not None and not target_epsilon > 0:
-        raise ValueError(f"target_epsilon must be > 0. Received: target_epsilon={target_epsilon}")
-    if private and noise_multiplier is None and target_epsilon is None:
-        raise ValueError(
-            "Private training needs noise_multiplier or target_epsilon. "
-            "Received: noise_multiplier=None, target_epsilon=None"
-        )
+def _check_batches_and_epochs(logical_batch_size, physical_batch_size, epochs):
+    """The trainer's own arguments; C, σ, δ and ε are `tfdp.DPSGD`'s to validate."""
     if logical_batch_size < 1 or physical_batch_size < 1:
         raise ValueError(
             "Batch sizes must be >= 1. Received: "
@@ -173,6 +158,20 @@ def _check_step_is_finite(step_fn, step, ckpt, counted_before):
     return counts
 
 
+def _out_of_memory_as_error(logical_steps, physical_batch_size, logical_batch_size):
+    """Re-raises an accelerator OOM as one line that names the fix."""
+    import tensorflow as tf
+
+    try:
+        yield from logical_steps
+    except tf.errors.ResourceExhaustedError:
+        raise MemoryError(
+            f"Out of accelerator memory at physical batch {physical_batch_size}. Lower "
+            "train.physical_batch_size: virtual steps keep the logical batch "
+            f"({logical_batch_size}) and so the privacy guarantee unchanged."
+        ) from None
+
+
 def _duration(seconds):
     if seconds < 120:
         return f"{seconds:.0f} s"
@@ -186,28 +185,26 @@ def _fresh_start_hint(workdir):
             f"{os.path.join(workdir, 'checkpoints')}.")
 
 
-def _check_resume(previous, ledger, key, workdir):
+def _check_resume(previous, mechanism, workdir):
     """Refuses a checkpoint written under another privacy configuration.
 
     Args:
         previous: `checkpointing.read_latest` output (not None).
-        ledger: this run's `PrivacyLedger`, or None for a non-private run.
-        key: this run's `SecretKey` when it was asked for explicitly (an
-            insecure seed), else None.
+        mechanism: this run's `DPSGD` (with the key it asks for: a fresh
+            secret one or an insecure seed's), or None for a non-private run.
         workdir: str. For the message.
     """
     from tfdp import checkpointing
-    from tfdp import privacy
 
     path, record, saved_key = previous
     saved_private = record != checkpointing.NON_PRIVATE_RECORD
     fix = _fresh_start_hint(workdir)
-    if ledger is None and saved_private:
+    if mechanism is None and saved_private:
         raise ValueError(
             f"The checkpoint {path} was written by a private run, and this run is "
             f"non-private: it would continue a model whose epsilon it cannot report. {fix}"
         )
-    if ledger is None:
+    if mechanism is None:
         return
     if not saved_private or not record:
         raise ValueError(
@@ -215,29 +212,25 @@ def _check_resume(previous, ledger, key, workdir):
             "ledger): continuing it privately would report an epsilon for a model that "
             f"was not trained privately. {fix}"
         )
-    saved = privacy.PrivacyLedger.from_dict(record)
-    differences = saved.differences(ledger)
-    if differences:
-        listed = ", ".join(
-            f"{name}: checkpoint {old!r} vs this run {new!r}"
-            for name, (old, new) in differences.items()
-        )
-        raise ValueError(
-            f"The checkpoint {path} was written under another privacy configuration "
-            f"({listed}); its steps cannot be counted under this one. {fix}"
-        )
-    requested_seed = None if key is None else key.insecure_seed
-    saved_seed = None if saved_key is None else saved_key.insecure_seed
-    if saved_key is None or requested_seed != saved_seed:
-        describe = lambda seed: "a secret key" if seed is None else f"insecure seed {seed}"  # noqa: E731
-        raise ValueError(
-            f"The checkpoint {path} drew its noise and sampling from "
-            f"{'no recorded key' if saved_key is None else describe(saved_seed)}, and this "
-            f"run asks for {describe(requested_seed)}. {fix}"
-        )
+    try:
+        mechanism.check_checkpoint(record, saved_key, path)
+    except ValueError as e:
+        raise ValueError(f"{e} {fix}") from None
 
 
-def _dry_run(model, step_fn, info, spec, total_steps, ledger, physical_batch_size, method):
+def _agreed_key(dist, key):
+    """The chief's key, on every worker: a variable created in a multi-worker
+    strategy's scope starts from the chief's value."""
+    import tensorflow as tf
+
+    from tfdp.secret_key import SecretKey
+
+    with dist.scope():
+        agreed = tf.Variable(key.words, dtype=tf.int64, trainable=False)
+    return SecretKey(agreed.numpy(), insecure_seed=key.insecure_seed)
+
+
+def _dry_run(model, step_fn, info, sampler, total_steps, ledger, physical_batch_size, method):
     """Two real steps on mock data of the right shapes, and a time estimate."""
     import numpy as np
     import tensorflow as tf
@@ -258,16 +251,16 @@ def _dry_run(model, step_fn, info, spec, total_steps, ledger, physical_batch_siz
         step_fn.apply()
         times.append(time.time() - start)
     per_example = times[-1] / probe
-    per_epoch = per_example * spec.dataset_size
+    per_epoch = per_example * sampler.dataset_size
     summary = {
-        "dry_run": True, "model_params": model.count_params(), "dataset_size": spec.dataset_size,
-        "sampling_rate": spec.sampling_rate, "steps": total_steps,
+        "dry_run": True, "model_params": model.count_params(), "dataset_size": sampler.dataset_size,
+        "sampling_rate": sampler.sampling_rate, "steps": total_steps,
         "noise_multiplier": ledger.noise_multiplier if ledger else 0.0,
         "epsilon": ledger.epsilon_after(total_steps) if ledger else math.inf,
         "delta": ledger.delta if ledger else None,
         "seconds_per_epoch_estimate": per_epoch,
     }
-    total = per_epoch * total_steps / max(spec.steps_per_epoch, 1e-9)
+    total = per_epoch * total_steps / max(sampler.steps_per_epoch, 1e-9)
     _log(
         f"dry run: 2 steps on mock data OK ({times[-1]:.2f}s for {probe} examples); "
         f"estimated {_duration(per_epoch)} per epoch, {_duration(total)} in total on the "
@@ -275,7 +268,7 @@ def _dry_run(model, step_fn, info, spec, total_steps, ledger, physical_batch_siz
         "is usually faster per example)"
     )
     if ledger is not None:
-        _log(f"dry run: sigma={ledger.noise_multiplier:.4f} q={spec.sampling_rate:.6f} "
+        _log(f"dry run: sigma={ledger.noise_multiplier:.4f} q={sampler.sampling_rate:.6f} "
              f"steps={total_steps} epsilon={summary['epsilon']:.3f} at delta={ledger.delta}")
     return summary
 
@@ -305,7 +298,7 @@ def train(
     epochs=10.0,
     logical_batch_size=256,
     physical_batch_size=None,
-    sampling="poisson",
+    sampler="poisson",
     private=True,
     l2_norm_clip=1.0,
     noise_multiplier=None,
@@ -351,8 +344,10 @@ def train(
             examples per noisy update. Defaults to 256.
         physical_batch_size: int. Examples per accelerator pass; virtual
             steps make up the logical batch. Defaults to the logical batch.
-        sampling: str. "poisson" or "shuffle"; the accountant is told which.
-            Defaults to "poisson".
+        sampler: str. "poisson" (amplified by sampling) or "shuffle"
+            (fixed-size batches, each example once per pass, accounted for
+            any order without amplification); see `tfdp.samplers`. Defaults
+            to "poisson".
         private: bool. False for non-private (public) pretraining.
             Defaults to True.
         l2_norm_clip: float. Per-example clipping bound C. Defaults to 1.
@@ -428,12 +423,12 @@ def train(
     from tfdp import optim
     from tfdp import privacy
     from tfdp import secret_key
+    from tfdp.mechanism import DPSGD
     from tfdp.secret_key import SecretKey
 
     strategy = strategy_name or strategy
     physical_batch_size = physical_batch_size or logical_batch_size
-    _check_hyperparameters(private, l2_norm_clip, noise_multiplier, target_epsilon, delta,
-                           logical_batch_size, physical_batch_size, epochs)
+    _check_batches_and_epochs(logical_batch_size, physical_batch_size, epochs)
     # Created first: MultiWorkerMirroredStrategy must exist before other TF ops.
     dist = distribute.get_strategy(strategy)
     # Only the chief writes logs, configs, the summary and the exported model;
@@ -458,53 +453,41 @@ def train(
             "logical_batch_size must not exceed the training set size. Received: "
             f"logical_batch_size={logical_batch_size}, dataset_size={n}"
         )
-    spec = data_lib.train_sampling_spec(
-        train_src, sampling=sampling, physical_batch_size=physical_batch_size,
+    sampler = data_lib.train_sampler(
+        train_src, sampler=sampler, physical_batch_size=physical_batch_size,
         logical_batch_size=logical_batch_size,
     )
-    total_steps = max(1, int(math.ceil(epochs * spec.steps_per_epoch)))
-    steps_per_epoch = max(1, int(round(spec.steps_per_epoch)))
-    warmup_steps = min(int(round(warmup_epochs * spec.steps_per_epoch)), total_steps - 1)
+    total_steps = max(1, int(math.ceil(epochs * sampler.steps_per_epoch)))
+    steps_per_epoch = max(1, int(round(sampler.steps_per_epoch)))
+    warmup_steps = min(int(round(warmup_epochs * sampler.steps_per_epoch)), total_steps - 1)
 
     # ===================================================================
-    # Privacy: calibrate σ, open the ledger, size the budget
-    # ===================================================================
-    ledger, budget_steps = None, total_steps
-    if private:
-        if noise_multiplier is None:
-            noise_multiplier = privacy.calibrate_noise(
-                target_epsilon, delta, steps=total_steps, sampling_rate=spec.sampling_rate,
-                accountant=accountant, sampling=sampling,
-            )
-            _log(f"calibrated noise_multiplier={noise_multiplier:.4f} for "
-                 f"epsilon={target_epsilon} at delta={delta} over {total_steps} steps")
-        ledger = privacy.PrivacyLedger(
-            noise_multiplier, spec.sampling_rate, delta=delta, sampler=sampling,
-            accountant=accountant, dataset_size=n, batch_size=logical_batch_size,
-            l2_norm_clip=l2_norm_clip,
-        )
-        if target_epsilon is not None:
-            budget_steps = min(total_steps, ledger.max_steps_within(target_epsilon))
-
-    # ===================================================================
-    # The secret key of the noise and the sampling: the checkpoint's when
-    # resuming (after checking that the checkpoint's privacy configuration is
-    # this run's), else fresh from the OS's entropy.
+    # Privacy: the mechanism (C, σ, sampler, accountant, δ and the secret
+    # key). Resuming takes the checkpoint's key, once its privacy record is
+    # this run's; a fresh run draws one from the OS's entropy.
     # ===================================================================
     requested_key = None
     if insecure_reproducible_seed is not None:
         requested_key = SecretKey.insecure_from_seed(insecure_reproducible_seed)
         _log(f"WARNING: {secret_key.INSECURE_WARNING.format(seed=insecure_reproducible_seed)}")
     previous = None if dry_run else checkpointing.read_latest(os.path.join(workdir, "checkpoints"))
+    key = _agreed_key(dist, requested_key or SecretKey.generate())
+    mechanism, ledger, budget_steps = None, None, total_steps
+    if private:
+        mechanism = DPSGD(
+            l2_norm_clip, noise_multiplier, sampler=sampler, target_epsilon=target_epsilon,
+            delta=delta, accountant=accountant, steps=total_steps, secret_key=key,
+        )
+        if mechanism.calibrated:
+            _log(f"calibrated noise_multiplier={mechanism.noise_multiplier:.4f} for "
+                 f"epsilon={target_epsilon} at delta={delta} over {total_steps} steps")
+        ledger = mechanism.ledger()
+        budget_steps = mechanism.budget_steps(total_steps)
     if previous is not None:
-        _check_resume(previous, ledger, requested_key, workdir)
-    key = previous[2] if previous is not None else (requested_key or SecretKey.generate())
-    # Every worker takes the chief's key: a variable created in a
-    # multi-worker strategy's scope starts from the chief's value.
-    with dist.scope():
-        agreed = tf.Variable(key.words, dtype=tf.int64, trainable=False)
-    key = SecretKey(agreed.numpy(), insecure_seed=key.insecure_seed)
-    del agreed
+        _check_resume(previous, mechanism, workdir)
+        if previous[2] is not None:  # Continue the checkpoint's noise and batches.
+            key = previous[2]
+            mechanism = mechanism.with_secret_key(key) if mechanism is not None else None
 
     # ===================================================================
     # Model, optimizer and train step
@@ -531,20 +514,20 @@ def train(
         optimizer = (optimizer_fn or optim.make_optimizer)(learning_rate=schedule)
         if private:
             step_fn = dp.PrivateTrainStep(
-                model, optimizer, _per_example_loss, l2_norm_clip=l2_norm_clip,
-                noise_multiplier=noise_multiplier, expected_batch_size=spec.expected_batch_size,
-                method=clipping_method, weight_decay=weight_decay, seed=seed, secret_key=key,
+                model, optimizer, _per_example_loss, mechanism=mechanism,
+                method=clipping_method, weight_decay=weight_decay, seed=seed,
                 jit_compile=jit_compile, augmentation_multiplicity=augmentation_multiplicity,
             )
         else:
             step_fn = dp.NonPrivateTrainStep(
-                model, optimizer, _per_example_loss, expected_batch_size=spec.expected_batch_size,
+                model, optimizer, _per_example_loss,
+                expected_batch_size=sampler.expected_batch_size,
                 weight_decay=weight_decay, seed=seed, jit_compile=jit_compile,
             )
 
     ema = optim.ParameterEMA(model.trainable_variables, ema_decay) if ema_decay else None
     if dry_run:
-        return _dry_run(model, step_fn, info, spec, total_steps, ledger, physical_batch_size,
+        return _dry_run(model, step_fn, info, sampler, total_steps, ledger, physical_batch_size,
                         clipping_method if private else None)
 
     # ===================================================================
@@ -579,15 +562,16 @@ def train(
     if private:
         _log(str(dp.plan(model, info.image_shape, physical_batch_size, clipping_method)))
     _log(
-        f"dataset={dataset} N={n} sampling={sampling} q={spec.sampling_rate:.5f} "
+        f"dataset={dataset} N={n} sampler={sampler.name} q={sampler.sampling_rate:.5f} "
         f"logical_batch={logical_batch_size} physical_batch={physical_batch_size} "
         f"steps={total_steps} ({steps_per_epoch}/epoch) params={model.count_params()}"
     )
-    if ledger is not None:
+    if mechanism is not None:
         _log(
-            f"privacy: sigma={ledger.noise_multiplier:.4f} C={l2_norm_clip} delta={delta} "
-            f"accountant={accountant}; planned epsilon="
-            f"{ledger.epsilon_after(total_steps):.3f}"
+            f"privacy: sigma={mechanism.noise_multiplier:.4f} C={l2_norm_clip} delta={delta} "
+            f"accountant={accountant} sampler={sampler.name} "
+            f"(amplified: {sampler.amplified}); planned epsilon="
+            f"{mechanism.epsilon(total_steps):.3f}"
         )
         if budget_steps < total_steps:
             _log(f"privacy budget epsilon={target_epsilon} allows {budget_steps} of "
@@ -617,8 +601,7 @@ def train(
     end_step = budget_steps
     # Each worker builds its share; each replica gets P / R of every batch.
     pipeline = distribute.distribute_train_pipeline(dist, lambda **per_worker: data_lib.make_train_pipeline(
-        train_src, sampling=sampling,
-        logical_batch_size=logical_batch_size, num_steps=end_step, start_step=min(start_step, end_step),
+        train_src, sampler=sampler, num_steps=end_step, start_step=min(start_step, end_step),
         seed=seed, sampling_key=key.derive("sampling"), preprocess_fn=train_pre,
         decode_stats=train_decode_stats, **per_worker,
     ), physical_batch_size)
@@ -652,7 +635,7 @@ def train(
                 tf.summary.scalar("privacy/epsilon", epsilon)
             tf.summary.scalar("test/skipped_undecodable", skipped_eval)
         line = (
-            f"epoch {step / spec.steps_per_epoch:5.2f} step {step}/{total_steps}: "
+            f"epoch {step / sampler.steps_per_epoch:5.2f} step {step}/{total_steps}: "
             f"test_acc={test_metrics['accuracy']:.4f} test_loss={test_metrics['loss']:.4f} "
             f"epsilon={epsilon:.3f} (delta={delta}) [{time.time() - t_start:.0f}s]"
         )
@@ -676,20 +659,19 @@ def train(
                 if math.isfinite(v):
                     tf.summary.scalar(f"{NON_DP_TAG_PREFIX}{k}", v)
 
-    for images, labels, weights, last in pipeline:
-        try:
-            step_fn.accumulate(images, labels, weights)
-        except tf.errors.ResourceExhaustedError:
-            raise MemoryError(
-                f"Out of accelerator memory at physical batch {physical_batch_size}. Lower "
-                "train.physical_batch_size: virtual steps keep the logical batch "
-                f"({logical_batch_size}) and so the privacy guarantee unchanged."
-            ) from None
+    def count_examples(images):
+        nonlocal examples_since_log
         examples_since_log += distribute.num_examples(dist, images)
-        if not distribute.is_last(dist, last):
-            continue
+
+    def check_finite():
+        nonlocal counted
         counted = _check_step_is_finite(step_fn, step, ckpt, counted)
-        step_fn.apply()
+
+    logical_steps = dp.run_logical_steps(
+        step_fn, pipeline, is_last=lambda last: distribute.is_last(dist, last),
+        before_apply=check_finite, on_batch=count_examples,
+    )
+    for _ in _out_of_memory_as_error(logical_steps, physical_batch_size, logical_batch_size):
         if ema is not None:
             ema.update()
         step += 1

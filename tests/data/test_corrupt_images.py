@@ -46,8 +46,9 @@ class CorruptImagesTest(tf.test.TestCase):
         clean_source, _ = _encoded_source(set())
         for sampling in ("shuffle", "poisson"):
             stats = data.DecodeStats()
-            kwargs = dict(sampling=sampling, physical_batch_size=8, logical_batch_size=16,
-                          num_steps=10, seed=3)
+            # One key for both pipelines: the same batches, corrupt or clean.
+            kwargs = dict(sampler=sampling, physical_batch_size=8, logical_batch_size=16,
+                          num_steps=10, seed=3, sampling_key=np.array([3, 4], np.int64))
             ds = data.make_train_pipeline(source, decode_stats=stats, **kwargs)
             self.assertIs(ds.decode_stats, stats)
             clean = data.make_train_pipeline(clean_source, **kwargs)
@@ -83,7 +84,7 @@ class CorruptImagesTest(tf.test.TestCase):
         stats = data.DecodeStats()
         # One epoch of shuffle sampling visits every example once (N = 40 = 5 * 8).
         ds = data.make_train_pipeline(
-            source, sampling="shuffle", physical_batch_size=8, logical_batch_size=8,
+            source, sampler="shuffle", physical_batch_size=8, logical_batch_size=8,
             num_steps=5, seed=0, decode_stats=stats,
         )
         total_weight = sum(float(tf.reduce_sum(w)) for _, _, w, _ in ds)
@@ -114,7 +115,7 @@ class CorruptImagesTest(tf.test.TestCase):
         source, _ = _encoded_source({4, 5, 6, 7})
         stats = data.DecodeStats()
         ds = data.make_train_pipeline(
-            source, sampling="shuffle", physical_batch_size=8, logical_batch_size=8,
+            source, sampler="shuffle", physical_batch_size=8, logical_batch_size=8,
             num_steps=5, seed=0, decode_stats=stats,
             preprocess_fn=preprocessing.imagenet_train_preprocess(size=16),
         )
@@ -127,7 +128,7 @@ class CorruptImagesTest(tf.test.TestCase):
         info = sources.DatasetInfo("bad", 2, (4, 4, 3))
         source = sources.ArraySource(np.array([b"", b"xx"], dtype=object), np.array([0, 1]), info)
         with self.assertRaisesRegex(ValueError, "could be decoded"):
-            data.make_train_pipeline(source, sampling="shuffle", physical_batch_size=1,
+            data.make_train_pipeline(source, sampler="shuffle", physical_batch_size=1,
                                      logical_batch_size=1, num_steps=1, seed=0)
 
     def test_in_memory_decode_keeps_bytes_when_some_fail(self):

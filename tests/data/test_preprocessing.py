@@ -90,7 +90,7 @@ class BenchmarkTest(tf.test.TestCase):
         self.assertTrue(source.encoded)
         ds = data.make_train_pipeline(
             source,
-            sampling="shuffle",
+            sampler="shuffle",
             physical_batch_size=4,
             logical_batch_size=8,
             num_steps=10,

@@ -3,7 +3,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdp import data
-from tfdp.data import sampling
+from tfdp import samplers
 
 
 def _index_source(n, shape=(1, 1, 1)):
@@ -28,18 +28,18 @@ def _real_labels(step):
     return np.concatenate([labels[weights > 0] for _, labels, weights, _ in step])
 
 
-class SamplingSpecTest(tf.test.TestCase):
-    def test_poisson_spec(self):
-        spec = data.make_sampling_spec(
+class SamplerTest(tf.test.TestCase):
+    def test_poisson_sampler(self):
+        spec = samplers.make_sampler(
             "poisson", dataset_size=1000, logical_batch_size=50, physical_batch_size=16
         )
         self.assertAllClose(spec.sampling_rate, 0.05)
         self.assertAllClose(spec.expected_batch_size, 50.0)
         self.assertAllClose(spec.steps_per_epoch, 20.0)
 
-    def test_shuffle_spec(self):
-        spec = data.train_sampling_spec(
-            1005, sampling="shuffle", logical_batch_size=50, physical_batch_size=25
+    def test_shuffle_sampler(self):
+        spec = data.train_sampler(
+            1005, sampler="shuffle", logical_batch_size=50, physical_batch_size=25
         )
         self.assertEqual(spec.expected_batch_size, 50)
         self.assertEqual(spec.steps_per_epoch, 20)
@@ -47,25 +47,25 @@ class SamplingSpecTest(tf.test.TestCase):
 
     def test_errors(self):
         with self.assertRaisesRegex(ValueError, "physical_batch_size=16"):
-            data.make_sampling_spec(
+            samplers.make_sampler(
                 "shuffle", dataset_size=100, logical_batch_size=50, physical_batch_size=16
             )
         with self.assertRaisesRegex(ValueError, "logical_batch_size=200, dataset_size=100"):
-            data.make_sampling_spec(
+            samplers.make_sampler(
                 "poisson", dataset_size=100, logical_batch_size=200, physical_batch_size=16
             )
-        with self.assertRaisesRegex(ValueError, "sampling='uniform'"):
-            data.make_sampling_spec(
+        with self.assertRaisesRegex(ValueError, "sampler='uniform'"):
+            samplers.make_sampler(
                 "uniform", dataset_size=100, logical_batch_size=20, physical_batch_size=4
             )
         with self.assertRaisesRegex(ValueError, "physical_batch_size=0"):
-            data.make_sampling_spec(
+            samplers.make_sampler(
                 "poisson", dataset_size=100, logical_batch_size=20, physical_batch_size=0
             )
         with self.assertRaisesRegex(ValueError, "physical_batch_size=16"):
             data.make_train_pipeline(
                 _index_source(100),
-                sampling="shuffle",
+                sampler="shuffle",
                 physical_batch_size=16,
                 logical_batch_size=50,
                 num_steps=2,
@@ -74,7 +74,7 @@ class SamplingSpecTest(tf.test.TestCase):
         with self.assertRaisesRegex(ValueError, "start_step=5, num_steps=2"):
             data.make_train_pipeline(
                 _index_source(100),
-                sampling="poisson",
+                sampler="poisson",
                 physical_batch_size=16,
                 logical_batch_size=50,
                 num_steps=2,
@@ -84,10 +84,10 @@ class SamplingSpecTest(tf.test.TestCase):
 
     def test_poisson_mask_scales_to_imagenet(self):
         # One step at ImageNet scale with a 64x1024 logical batch.
-        spec = data.make_sampling_spec(
+        spec = samplers.make_sampler(
             "poisson", dataset_size=1_281_167, logical_batch_size=65536, physical_batch_size=128
         )
-        indices, weights = sampling.poisson_step([0, 0], 7, spec)
+        indices, weights = spec.step_indices([0, 0], 7)
         n = float(tf.reduce_sum(weights))
         sd = np.sqrt(65536 * (1 - spec.sampling_rate))
         self.assertLess(abs(n - 65536), 5 * sd)
@@ -102,7 +102,7 @@ class PoissonPipelineTest(tf.test.TestCase):
         super().setUpClass()
         ds = data.make_train_pipeline(
             _index_source(cls.N),
-            sampling="poisson",
+            sampler="poisson",
             physical_batch_size=16,
             logical_batch_size=int(cls.Q * cls.N),
             num_steps=cls.STEPS,
@@ -157,7 +157,7 @@ class PoissonPipelineTest(tf.test.TestCase):
     def test_empty_step_yields_one_padding_batch(self):
         ds = data.make_train_pipeline(
             _index_source(100),
-            sampling="poisson",
+            sampler="poisson",
             physical_batch_size=8,
             logical_batch_size=1,
             num_steps=30,
@@ -180,7 +180,7 @@ class DeterminismTest(tf.test.TestCase):
         train, _, _ = data.load_offline("digits")
         return data.make_train_pipeline(
             train,
-            sampling=sampling_name,
+            sampler=sampling_name,
             physical_batch_size=16,
             logical_batch_size=64,
             num_steps=num_steps,
@@ -228,7 +228,7 @@ class ShufflePipelineTest(tf.test.TestCase):
         n, b = 105, 20  # 5 steps per epoch, 5 examples left out each epoch
         ds = data.make_train_pipeline(
             _index_source(n),
-            sampling="shuffle",
+            sampler="shuffle",
             physical_batch_size=5,
             logical_batch_size=b,
             num_steps=10,
@@ -250,7 +250,7 @@ class ShufflePipelineTest(tf.test.TestCase):
     def test_one_argument_preprocess_fn(self):
         ds = data.make_train_pipeline(
             _index_source(10),
-            sampling="shuffle",
+            sampler="shuffle",
             physical_batch_size=5,
             logical_batch_size=5,
             num_steps=1,
@@ -269,7 +269,7 @@ class ShardingTest(tf.test.TestCase):
         )
         ds = data.make_train_pipeline(
             _index_source(300),
-            sampling=sampling_name,
+            sampler=sampling_name,
             physical_batch_size=8,
             logical_batch_size=48,
             num_steps=6,
@@ -307,3 +307,61 @@ class EvalPipelineTest(tf.test.TestCase):
 
 if __name__ == "__main__":
     tf.test.main()
+
+
+class _IndexStream:
+    """A streaming source of N examples whose labels are their indices."""
+
+    random_access = False
+
+    def __init__(self, n):
+        self.n = n
+        self.info = None
+
+    def __len__(self):
+        return self.n
+
+    def as_dataset(self, shuffle=False, seed=0, input_context=None):
+        del shuffle, seed, input_context
+        return tf.data.Dataset.range(self.n).map(
+            lambda i: (tf.fill([1, 1, 1], tf.cast(i, tf.float32)), tf.cast(i, tf.int32))
+        )
+
+
+class StreamingShuffleTest(tf.test.TestCase):
+    # N=1000, B=100: a `.repeat().shuffle(buffer)` stream used to put an
+    # example up to 9 times into one step and let steps straddle passes.
+
+    def _steps(self, num_steps, n=1000, b=100, buffer=16384):
+        return _steps(data.make_train_pipeline(
+            _IndexStream(n), sampler="shuffle", physical_batch_size=b // 2,
+            logical_batch_size=b, num_steps=num_steps, seed=0, shuffle_buffer=buffer,
+            sampling_key=np.array([8, 9], np.int64),
+        ))
+
+    def test_no_step_holds_an_example_twice_nor_spans_two_passes(self):
+        n, b = 1000, 100
+        steps = self._steps(35, n, b)  # 3.5 passes of 10 steps.
+        self.assertLen(steps, 35)
+        for step in steps:
+            labels = _real_labels(step)
+            self.assertLen(labels, b)
+            self.assertLen(np.unique(labels), b)
+        for first in range(0, 30, 10):  # Each whole pass: every example once.
+            labels = np.concatenate([_real_labels(s) for s in steps[first:first + 10]])
+            self.assertAllEqual(np.sort(labels), np.arange(n))
+        # A small buffer still keeps each pass a set of distinct examples.
+        small = self._steps(20, n, b, buffer=10)
+        for first in (0, 10):
+            labels = np.concatenate([_real_labels(s) for s in small[first:first + 10]])
+            self.assertLen(np.unique(labels), n)
+
+    def test_streaming_is_accounted_without_amplification(self):
+        sampler = data.train_sampler(1000, sampler="shuffle", logical_batch_size=100)
+        self.assertFalse(sampler.amplified)
+        self.assertEqual(sampler.unit_count(35), 4)  # 3.5 passes count as 4.
+        self.assertFalse(samplers.make_sampler(
+            "shuffle", dataset_size=1000, logical_batch_size=100).needs_random_access)
+        with self.assertRaisesRegex(ValueError, "random-access.*sampler='shuffle'"):
+            data.make_train_pipeline(_IndexStream(1000), sampler="poisson",
+                                     logical_batch_size=100, num_steps=1, seed=0)

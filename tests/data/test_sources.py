@@ -67,7 +67,7 @@ class TfdsTest(tf.test.TestCase):
             self.assertEqual(source.info.num_classes, 1000)
             ds = data.make_train_pipeline(
                 source,
-                sampling="poisson",
+                sampler="poisson",
                 physical_batch_size=4,
                 logical_batch_size=5,
                 num_steps=2,
@@ -108,7 +108,7 @@ class TfdsTest(tf.test.TestCase):
             batches = list(
                 data.make_train_pipeline(
                     source,
-                    sampling="shuffle",
+                    sampler="shuffle",
                     physical_batch_size=10,
                     logical_batch_size=20,
                     num_steps=3,
@@ -122,11 +122,12 @@ class TfdsTest(tf.test.TestCase):
             streamed = list(
                 data.make_train_pipeline(
                     stream,
-                    sampling="shuffle",
+                    sampler="shuffle",
                     physical_batch_size=5,
                     logical_batch_size=10,
                     num_steps=3,
                     seed=1,
+                    sampling_key=np.array([1, 2], np.int64),
                     preprocess_fn=data.cifar_train_preprocess(),
                     shuffle_buffer=16,
                 )
@@ -134,12 +135,13 @@ class TfdsTest(tf.test.TestCase):
             resumed = list(
                 data.make_train_pipeline(
                     stream,
-                    sampling="shuffle",
+                    sampler="shuffle",
                     physical_batch_size=5,
                     logical_batch_size=10,
                     num_steps=3,
                     start_step=2,
                     seed=1,
+                    sampling_key=np.array([1, 2], np.int64),
                     preprocess_fn=data.cifar_train_preprocess(),
                     shuffle_buffer=16,
                 )
@@ -147,7 +149,7 @@ class TfdsTest(tf.test.TestCase):
             with self.assertRaisesRegex(ValueError, "random-access"):
                 data.make_train_pipeline(
                     stream,
-                    sampling="poisson",
+                    sampler="poisson",
                     physical_batch_size=5,
                     logical_batch_size=10,
                     num_steps=3,

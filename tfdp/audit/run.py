@@ -15,7 +15,9 @@ import time
 import numpy as np
 
 from tfdp import privacy
+from tfdp import samplers
 from tfdp.audit import bounds
+from tfdp.mechanism import DPSGD
 from tfdp.audit import canaries as canaries_lib
 
 
@@ -199,17 +201,20 @@ def run_audit(config):
             f"`batch_size` must be <= the training set size ({n}). "
             f"Received: batch_size={config.batch_size}"
         )
-    steps = privacy.steps_for_epochs(config.epochs, n, config.batch_size)
-    q = config.batch_size / n
-    sigma = config.noise_multiplier
-    if sigma is None:
-        sigma = privacy.calibrate_noise(
-            config.target_epsilon, config.delta, steps=steps,
-            dataset_size=n, batch_size=config.batch_size,
-        )
-    eps_upper = privacy.epsilon(
-        sigma, steps, config.delta, dataset_size=n, batch_size=config.batch_size
+    sampler = samplers.make_sampler(
+        "poisson", dataset_size=n, logical_batch_size=config.batch_size,
+        physical_batch_size=config.batch_size,
     )
+    steps = privacy.steps_for_epochs(config.epochs, n, config.batch_size)
+    q = sampler.sampling_rate
+    # The audit tests the guarantee as users get it: secret noise and batches.
+    mechanism = DPSGD(
+        config.l2_norm_clip, config.noise_multiplier, sampler=sampler,
+        target_epsilon=config.target_epsilon if config.noise_multiplier is None else None,
+        delta=config.delta, steps=steps,
+    )
+    sigma = mechanism.noise_multiplier
+    eps_upper = mechanism.epsilon(steps)
     _log(config, f"audit: N={n} ({config.num_train} digits + {int(included.sum())} of "
                  f"{config.num_canaries} canaries) q={q:.4f} steps={steps} sigma={sigma:.4f} "
                  f"accountant_epsilon={eps_upper:.4f}")
@@ -225,24 +230,15 @@ def run_audit(config):
         optimizer = keras.optimizers.Adam(learning_rate=config.learning_rate)
     else:
         optimizer = keras.optimizers.SGD(learning_rate=config.learning_rate, momentum=config.momentum)
-    step_fn = dp.PrivateTrainStep(
-        model, optimizer, _per_example_loss,
-        l2_norm_clip=config.l2_norm_clip, noise_multiplier=sigma,
-        expected_batch_size=q * n, seed=config.seed,
-    )
+    step_fn = dp.PrivateTrainStep(model, optimizer, _per_example_loss, mechanism=mechanism)
     pipeline = data.make_train_pipeline(
-        source, sampling="poisson", physical_batch_size=config.batch_size,
-        logical_batch_size=config.batch_size, num_steps=steps, seed=config.seed,
+        source, sampler=sampler, num_steps=steps, seed=config.seed,
+        sampling_key=mechanism.sampling_key,
     )
-    done = 0
-    for images, labels, weights, last in pipeline:
-        step_fn.accumulate(images, labels, weights)
-        if bool(last):
-            step_fn.apply()
-            done += 1
-            if config.verbose and (done % 100 == 0 or done == steps):
-                _log(config, f"audit: step {done}/{steps} "
-                             f"elapsed={time.time() - start_time:.1f}s")
+    for done, _ in enumerate(dp.run_logical_steps(step_fn, pipeline), start=1):
+        if config.verbose and (done % 100 == 0 or done == steps):
+            _log(config, f"audit: step {done}/{steps} "
+                         f"elapsed={time.time() - start_time:.1f}s")
     train_time = time.time() - start_time
 
     scores = canary_scores(model, canary_images, canary_labels, config.eval_batch_size)

@@ -5,13 +5,11 @@ from tfdp.data.catalog import catalog_entry
 from tfdp.data.pipeline import DecodeStats
 from tfdp.data.pipeline import make_eval_pipeline
 from tfdp.data.pipeline import make_train_pipeline
-from tfdp.data.pipeline import train_sampling_spec
+from tfdp.data.pipeline import train_sampler
 from tfdp.data.preprocessing import cifar_eval_preprocess
 from tfdp.data.preprocessing import cifar_train_preprocess
 from tfdp.data.preprocessing import imagenet_eval_preprocess
 from tfdp.data.preprocessing import imagenet_train_preprocess
-from tfdp.data.sampling import SamplingSpec
-from tfdp.data.sampling import make_sampling_spec
 from tfdp.data.sources import ArraySource
 from tfdp.data.sources import DatasetInfo
 from tfdp.data.sources import RandomAccessSource
@@ -26,7 +24,6 @@ __all__ = [
     "DatasetInfo",
     "DecodeStats",
     "RandomAccessSource",
-    "SamplingSpec",
     "StreamingSource",
     "cifar_eval_preprocess",
     "cifar_train_preprocess",
@@ -35,7 +32,6 @@ __all__ = [
     "load_offline",
     "load_tfds",
     "make_eval_pipeline",
-    "make_sampling_spec",
     "make_train_pipeline",
-    "train_sampling_spec",
+    "train_sampler",
 ]

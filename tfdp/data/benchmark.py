@@ -10,6 +10,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from tfdp import samplers
 from tfdp.data import pipeline
 from tfdp.data import preprocessing
 from tfdp.data import sources
@@ -72,13 +73,13 @@ def main(argv=None):
     parser.add_argument("--batch_size", type=int, default=128)
     parser.add_argument("--num_batches", type=int, default=20)
     parser.add_argument("--num_images", type=int, default=256)
-    parser.add_argument("--sampling", default="shuffle", choices=("poisson", "shuffle"))
+    parser.add_argument("--sampler", default="shuffle", choices=samplers.names())
     args = parser.parse_args(argv)
 
     source = mock_jpeg_source(args.num_images)
     ds = pipeline.make_train_pipeline(
         source,
-        sampling=args.sampling,
+        sampler=args.sampler,
         physical_batch_size=args.batch_size,
         logical_batch_size=args.batch_size,
         num_steps=10**6,
@@ -87,7 +88,7 @@ def main(argv=None):
     )
     rate = benchmark_pipeline(ds, args.num_batches)
     print(
-        f"ImageNet-style train pipeline ({args.sampling}, batch {args.batch_size}, "
+        f"ImageNet-style train pipeline ({args.sampler}, batch {args.batch_size}, "
         f"375x500 JPEG -> 224): {rate:.1f} images/s"
     )
     return rate

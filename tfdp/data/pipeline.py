@@ -19,6 +19,7 @@ import gin
 import numpy as np
 import tensorflow as tf
 
+from tfdp import samplers
 from tfdp import secret_key as secret_key_lib
 from tfdp.data import preprocessing
 from tfdp.data import sampling as sampling_lib
@@ -90,16 +91,6 @@ def _takes_seed(fn):
         p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
     ]
     return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
-
-
-def _check_source(source, sampling):
-    if sampling == "poisson" and not getattr(source, "random_access", False):
-        raise ValueError(
-            "sampling='poisson' needs a random-access source (an ArraySource, or "
-            "a tfds dataset prepared with `tfds build <name> "
-            "--file_format=array_record`). Use sampling='shuffle' for streaming "
-            f"sources. Received: source={type(source).__name__}"
-        )
 
 
 def _find_substitute(dataset, preprocess_fn):
@@ -217,13 +208,13 @@ def _count_skipped(decode_stats):
 
 
 def _indexed_train_pipeline(
-    source, spec, *, num_steps, start_step, seed, sampling_key, preprocess_fn, input_context,
+    source, sampler, *, num_steps, start_step, seed, sampling_key, preprocess_fn, input_context,
     decode_stats,
 ):
-    host, num_hosts = _hosts(input_context)
+    host, _ = _hosts(input_context)
 
     def step_elements(step):
-        indices, weights = sampling_lib.step_indices(sampling_key, step, spec, host, num_hosts)
+        indices, weights = sampler.step_indices(sampling_key, step, host)
         length = tf.shape(indices)[0]
         lasts = tf.equal(tf.range(length), length - 1)
         seeds = sampling_lib.augment_seeds(seed, step, host, length)
@@ -239,20 +230,31 @@ def _indexed_train_pipeline(
     ds = _guarded_map(
         ds, preprocess_fn, lambda: _find_substitute(source.as_dataset(), preprocess_fn)
     )
-    ds = ds.batch(spec.physical_batch_size, drop_remainder=True)
+    ds = ds.batch(sampler.physical_batch_size, drop_remainder=True)
     return ds.map(_count_skipped(decode_stats))
 
 
 def _streaming_train_pipeline(
-    source, spec, *, num_steps, start_step, seed, sampling_key, preprocess_fn, input_context,
+    source, sampler, *, num_steps, start_step, seed, sampling_key, preprocess_fn, input_context,
     shuffle_buffer, decode_stats,
 ):
     host, num_hosts = _hosts(input_context)
-    per_host = spec.logical_batch_size // num_hosts
+    per_host = sampler.logical_batch_size // num_hosts
+    per_pass = int(sampler.steps_per_epoch) * per_host
     # The order is secret randomness too: both shuffles take the secret key.
-    file_seed, buffer_seed = (int(word) for word in sampling_key)
-    ds = source.as_dataset(shuffle=True, seed=file_seed, input_context=input_context)
-    ds = ds.repeat().shuffle(shuffle_buffer, seed=buffer_seed, reshuffle_each_iteration=True)
+    file_seed = int(sampling_key[0])
+
+    def one_pass(pass_index):
+        # A shuffle buffer is no uniform permutation: this order is accounted
+        # with no amplification (the sampler's per-pass bound). Cutting each
+        # pass to whole steps BEFORE repeating keeps every logical step inside
+        # one pass, so no step can hold an example twice.
+        ds = source.as_dataset(shuffle=True, seed=file_seed, input_context=input_context)
+        buffer_seed = tf.random.experimental.stateless_fold_in(
+            tf.constant(sampling_key, tf.int64), pass_index)[0]
+        return ds.shuffle(shuffle_buffer, seed=buffer_seed).take(per_pass)
+
+    ds = tf.data.Dataset.range(sampler.passes(num_steps)).flat_map(one_pass)
     # The stream is deterministic, so resuming replays and drops the consumed
     # prefix; decoding happens after the skip, keeping it cheap.
     ds = ds.skip(start_step * per_host).take((num_steps - start_step) * per_host)
@@ -275,7 +277,7 @@ def _streaming_train_pipeline(
         ds, preprocess_fn,
         lambda: _find_substitute(source.as_dataset(shuffle=False), preprocess_fn),
     )
-    ds = ds.batch(spec.physical_batch_size, drop_remainder=True)
+    ds = ds.batch(sampler.physical_batch_size, drop_remainder=True)
     return ds.map(_count_skipped(decode_stats))
 
 
@@ -283,9 +285,9 @@ def _streaming_train_pipeline(
 def make_train_pipeline(
     source,
     *,
-    sampling,
-    physical_batch_size,
-    logical_batch_size,
+    sampler,
+    physical_batch_size=None,
+    logical_batch_size=None,
     num_steps,
     start_step=0,
     seed,
@@ -305,15 +307,14 @@ def make_train_pipeline(
     Args:
         source: An `ArraySource`, `RandomAccessSource` or `StreamingSource`
             (see `tfdp.data.sources`).
-        sampling: str. `"poisson"`: each example joins step s independently
-            with probability q = logical_batch_size / N (mask drawn in-graph
-            from a stateless RNG keyed by (sampling_key, s)), padded with weight-0
-            examples up to a multiple of P; an empty step yields one
-            all-padding batch. `"shuffle"`: per-epoch stateless permutation,
-            consecutive chunks of `logical_batch_size`, no padding.
-        physical_batch_size: int. Examples per physical batch P (per host).
+        sampler: `tfdp.samplers.Sampler`, or a sampler name ("poisson",
+            "shuffle"; see `tfdp.samplers`) with the two batch sizes. It
+            draws the indices of each step; a streaming source gets the
+            shuffle sampler's per-pass buffer order.
+        physical_batch_size: int. Examples per physical batch P (per host),
+            with a sampler name. Defaults to the sampler's.
         logical_batch_size: int. Expected (Poisson) or exact (shuffle)
-            examples per logical step, over all hosts.
+            examples per logical step, over all hosts, with a sampler name.
         num_steps: int. Total logical steps of the run; the pipeline ends
             after step `num_steps - 1`.
         start_step: int. First step to produce, for exact resume. Defaults
@@ -344,15 +345,11 @@ def make_train_pipeline(
         A `tf.data.Dataset`, with the counter as its `decode_stats`
         attribute.
     """
-    _check_source(source, sampling)
-    _, num_hosts = _hosts(input_context)
-    spec = sampling_lib.make_sampling_spec(
-        sampling,
-        dataset_size=len(source),
-        logical_batch_size=logical_batch_size,
-        physical_batch_size=physical_batch_size,
-        num_hosts=num_hosts,
+    sampler = train_sampler(
+        source, sampler=sampler, physical_batch_size=physical_batch_size,
+        logical_batch_size=logical_batch_size, input_context=input_context,
     )
+    sampler.check_source(source)
     if not 0 <= start_step <= num_steps:
         raise ValueError(
             "`start_step` must be in [0, num_steps]. Received: "
@@ -380,35 +377,41 @@ def make_train_pipeline(
         decode_stats=decode_stats or DecodeStats(),
     )
     if getattr(source, "random_access", False):
-        ds = _indexed_train_pipeline(source, spec, **kwargs)
+        ds = _indexed_train_pipeline(source, sampler, **kwargs)
     else:
-        ds = _streaming_train_pipeline(source, spec, shuffle_buffer=shuffle_buffer, **kwargs)
+        ds = _streaming_train_pipeline(source, sampler, shuffle_buffer=shuffle_buffer, **kwargs)
     ds = ds.prefetch(tf.data.AUTOTUNE)
     ds.decode_stats = kwargs["decode_stats"]
     return ds
 
 
-@gin.configurable(module="tfdp.data")
-def train_sampling_spec(
-    source, *, sampling, physical_batch_size, logical_batch_size, input_context=None
+def train_sampler(
+    source, *, sampler, physical_batch_size=None, logical_batch_size=None, input_context=None
 ):
-    """Returns the `SamplingSpec` of `make_train_pipeline` with these args.
+    """The sampler of `make_train_pipeline` for this source and host.
 
     Args:
         source: A source (anything with `len()`), or the dataset size.
-        sampling: str. `"poisson"` or `"shuffle"`.
-        physical_batch_size: int. Examples per physical batch.
-        logical_batch_size: int. Expected or exact logical batch size.
-        input_context: `tf.distribute.InputContext`, optional. Defaults to
-            `None`.
+        sampler: `tfdp.samplers.Sampler` or a registered name.
+        physical_batch_size: int. Examples per physical batch, with a name.
+            Overrides the sampler's when given.
+        logical_batch_size: int. Expected or exact logical batch size, with
+            a name.
+        input_context: `tf.distribute.InputContext`, optional. Its number of
+            input pipelines splits each step. Defaults to `None`.
     """
     size = source if isinstance(source, int) else len(source)
-    return sampling_lib.make_sampling_spec(
-        sampling,
-        dataset_size=size,
-        logical_batch_size=logical_batch_size,
-        physical_batch_size=physical_batch_size,
-        num_hosts=_hosts(input_context)[1],
+    num_hosts = _hosts(input_context)[1]
+    if isinstance(sampler, samplers.Sampler):
+        if sampler.dataset_size != size:
+            raise ValueError(
+                "The sampler was made for another dataset size. Received: "
+                f"sampler dataset_size={sampler.dataset_size}, source size={size}"
+            )
+        return sampler.with_hosts(num_hosts, physical_batch_size)
+    return samplers.make_sampler(
+        sampler, dataset_size=size, logical_batch_size=logical_batch_size,
+        physical_batch_size=physical_batch_size, num_hosts=num_hosts,
     )
 
 

@@ -34,10 +34,9 @@ same bits even if a device's RNG differed.
 
 import tensorflow as tf
 
-from tfdp import secret_key as secret_key_lib
+from tfdp import mechanism as mechanism_lib
 from tfdp.dp import augmentation_multiplicity as augmentation_multiplicity_lib
 from tfdp.dp import clipping
-from tfdp.dp import noise as noise_lib
 
 
 def _float32_loss(loss_fn):
@@ -90,22 +89,22 @@ class PrivateTrainStep:
         model: keras.Model. Built; trained in place.
         optimizer: keras.optimizers.Optimizer. Applied once per logical step.
         per_example_loss_fn: callable. `(y_true, y_pred) -> [B]`.
-        l2_norm_clip: float. Clipping bound C.
-        noise_multiplier: float. σ; the noise std on the sum is σ·C.
+        mechanism: `tfdp.DPSGD`. The privacy contract: C, σ, the divisor
+            and the secret key. Or leave it None and pass the keyword
+            conveniences below, which build one.
+        l2_norm_clip: float. Clipping bound C (without `mechanism`).
+        noise_multiplier: float. σ; the noise std on the sum is σ·C
+            (without `mechanism`).
         expected_batch_size: float. Divides the noisy sum (q·N for Poisson),
-            over all replicas.
+            over all replicas (without `mechanism`).
+        secret_key: `tfdp.secret_key.SecretKey` or None. The key (without
+            `mechanism`). Defaults to None: fresh from the OS's entropy.
         method: str. Clipping method (see `clipped_grad_sum`). Defaults to
             "auto".
         weight_decay: float. In-loss L2 coefficient, clipped with the
             gradient. Defaults to 0.
         seed: int. Public seed of the augmentations (K > 1). Defaults to 0.
             It has no part in the noise.
-        secret_key: `tfdp.secret_key.SecretKey` or None. The run's secret
-            key; step s draws its noise from `step_seed(key.derive("noise"),
-            s)`. Defaults to None: a fresh key from the OS's entropy. Pass
-            the checkpointed key to resume, or
-            `SecretKey.insecure_from_seed(...)` for reproducible noise
-            (tests only: no guarantee then).
         jit_compile: bool. XLA-compile the per-replica gradient computation.
             Defaults to False (on CPU, XLA slowed every DP path).
         augmentation_multiplicity: int. K > 1 averages each example's
@@ -121,13 +120,14 @@ class PrivateTrainStep:
         optimizer,
         per_example_loss_fn,
         *,
-        l2_norm_clip,
-        noise_multiplier,
-        expected_batch_size,
+        mechanism=None,
+        l2_norm_clip=None,
+        noise_multiplier=None,
+        expected_batch_size=None,
+        secret_key=None,
         method="auto",
         weight_decay=0.0,
         seed=0,
-        secret_key=None,
         jit_compile=False,
         augmentation_multiplicity=1,
         augment_fn=None,
@@ -137,31 +137,35 @@ class PrivateTrainStep:
                 "augmentation_multiplicity must be >= 1. "
                 f"Received: augmentation_multiplicity={augmentation_multiplicity}"
             )
+        if mechanism is None:
+            if noise_multiplier is None:
+                raise ValueError(
+                    "PrivateTrainStep needs a mechanism (tfdp.DPSGD) or an explicit "
+                    "noise_multiplier. Received: noise_multiplier=None"
+                )
+            mechanism = mechanism_lib.DPSGD(
+                l2_norm_clip, noise_multiplier, expected_batch_size=expected_batch_size,
+                secret_key=secret_key,
+            )
+        elif any(v is not None for v in (l2_norm_clip, noise_multiplier, expected_batch_size,
+                                         secret_key)):
+            raise ValueError(
+                "Pass the privacy parameters in the mechanism only, so that they are "
+                "set in one place. Received: a mechanism and l2_norm_clip, "
+                "noise_multiplier, expected_batch_size or secret_key"
+            )
+        self.mechanism = mechanism
         self.augmentation_multiplicity = int(augmentation_multiplicity)
         self.augment_fn = augment_fn or augmentation_multiplicity_lib.flip_and_translate
-        if not l2_norm_clip > 0:
-            raise ValueError(f"l2_norm_clip must be > 0. Received: l2_norm_clip={l2_norm_clip}")
-        if noise_multiplier is None or noise_multiplier < 0:
-            raise ValueError(
-                f"noise_multiplier must be >= 0. Received: noise_multiplier={noise_multiplier}"
-            )
-        if not expected_batch_size > 0:
-            raise ValueError(
-                f"expected_batch_size must be > 0. Received: expected_batch_size={expected_batch_size}"
-            )
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = _float32_loss(per_example_loss_fn)
-        self.l2_norm_clip = float(l2_norm_clip)
-        self.noise_multiplier = float(noise_multiplier)
-        self.expected_batch_size = float(expected_batch_size)
+        self.l2_norm_clip = mechanism.l2_norm_clip
+        self.expected_batch_size = mechanism.expected_batch_size
+        self.aggregator = mechanism.aggregator()
         self.method = clipping.resolve_method(model, method)
         self.weight_decay = float(weight_decay)
         self.seed = int(seed)
-        self.secret_key = secret_key_lib.SecretKey.resolve(secret_key)
-        # A graph constant, never a variable: the key is checkpointed by the
-        # trainer, not by anything that saves the model or the optimizer.
-        self._noise_key = tf.constant(self.secret_key.derive("noise"), tf.int64)
         self.strategy = tf.distribute.get_strategy()
         self.num_replicas = int(self.strategy.num_replicas_in_sync)
         self.variables = model.trainable_variables
@@ -233,45 +237,22 @@ class PrivateTrainStep:
 
     def _replica_accumulate(self, x, y, weights):
         grads, stats = self._replica_grads(x, y, weights)
-
-        # The first physical batch of a logical step overwrites the
-        # accumulators, so `apply` never spends a pass zeroing them.
-        def overwrite():
-            for acc, g in zip(self.accumulators, grads):
-                acc.assign(g)
-            return tf.constant(0)
-
-        def add():
-            for acc, g in zip(self.accumulators, grads):
-                acc.assign_add(g)
-            return tf.constant(0)
-
-        tf.cond(self._micro_batches.read_value() > 0.0, add, overwrite)
+        self.aggregator.accumulate(
+            self.accumulators, grads, first=self._micro_batches.read_value() <= 0.0
+        )
         for name, value in stats.items():
             self.stats[name].assign_add(value)
         self._micro_batches.assign_add(1.0)
 
     def _replica_apply(self):
-        # Noise placement (see the module docstring). `noise` is identical on
-        # every replica: same stateless seed (seed, step), same shapes. Each
-        # replica contributes noise / R; the optimizer's cross-replica SUM
-        # adds the R contributions back to exactly one draw of N(0, (σC)²).
+        # Noise placement (see the module docstring): each replica adds
+        # noise / R of one common draw; the optimizer's cross-replica SUM
+        # adds the R contributions back to exactly one N(0, (σC)²).
         replicas = tf.distribute.get_replica_context().num_replicas_in_sync
-        # Accumulators hold stale sums when no batch was accumulated.
-        local = tf.cond(
-            self._micro_batches.read_value() > 0.0,
-            lambda: [tf.convert_to_tensor(a) for a in self.accumulators],
-            lambda: [tf.zeros_like(a) for a in self.accumulators],
+        grads = self.aggregator.noisy_mean(
+            self.accumulators, self.optimizer.iterations, num_replicas=replicas,
+            empty=self._micro_batches.read_value() <= 0.0,
         )
-        if self.noise_multiplier > 0:
-            seed = noise_lib.step_seed(self._noise_key, self.optimizer.iterations)
-            # noise / R, drawn directly as N(0, (σC/R)²) from the same
-            # uniforms: no extra pass over the parameters.
-            stddev = self.noise_multiplier * self.l2_norm_clip / float(replicas)
-            noise = noise_lib.gaussian_noise(local, stddev, seed)
-            local = [a + n for a, n in zip(local, noise)]
-        # The divisor is the GLOBAL expected logical batch size.
-        grads = [g / self.expected_batch_size for g in local]
         # Keras 3 (TF backend) all-reduces these with SUM in replica context.
         self.optimizer.apply(grads, self.variables)
         self._micro_batches.assign(0.0)

@@ -1,17 +1,15 @@
 """Privacy accounting for DP-SGD on top of `dp_accounting`.
 
-Two samplers are supported, and they are accounted differently:
+What is composed is the sampler's own DP event (`tfdp.samplers`), so each
+sampler is accounted for what it does:
 
 - `"poisson"`: every example joins each step's batch independently with
-  probability `q`. This is the Poisson-subsampled Gaussian mechanism of
-  Abadi et al. (2016) under add/remove-one adjacency, and is what the paper's
-  code reported (although its pipeline did not sample that way).
-- `"shuffle"`: every step takes a fixed-size batch of `B` distinct examples
-  out of `N`. This is accounted as sampling without replacement under
-  replace-one adjacency (Wang, Balle & Kasiviswanathan 2019, Theorem 27, as
-  implemented by `dp_accounting.rdp`), with the Gaussian noise measured
-  against the replace-one sensitivity `2C` of the clipped sum. Only the RDP
-  accountant supports it; see `epsilon` and `docs/PRIVACY.md`.
+  probability `q`: the Poisson-subsampled Gaussian mechanism of Abadi et al.
+  (2016), once per step, under add/remove-one adjacency. This is what the
+  paper's code reported (although its pipeline did not sample that way).
+- `"shuffle"`: fixed-size batches, each example at most once per pass, in
+  any order: one Gaussian mechanism per pass over the data, no
+  amplification (see `tfdp.samplers.ShuffleSampler` and docs/PRIVACY.md).
 
 No TensorFlow is imported here, so `python -m tfdp.privacy` starts quickly.
 """
@@ -28,8 +26,10 @@ from dp_accounting import pld as dp_pld
 from dp_accounting import rdp as dp_rdp
 from dp_accounting.rdp import rdp_privacy_accountant
 
+from tfdp import samplers
+
 ACCOUNTANTS = ("rdp", "pld")
-SAMPLINGS = ("poisson", "shuffle")
+SAMPLINGS = samplers.names()
 DEFAULT_DELTAS = (1e-5, 1e-6, 1e-7, 1e-8)
 
 # The RDP orders dp_accounting uses by default; pinned so that the cached
@@ -40,8 +40,6 @@ RDP_ORDERS = tuple(rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
 # pessimistic rounding, so the reported epsilon is an upper bound.
 PLD_DISCRETIZATION = 1e-4
 
-# Name of the adjacency relation each sampler's bound is stated under.
-ADJACENCY = {"poisson": "add_or_remove_one", "shuffle": "replace_one"}
 
 
 # --------------------------------------------------------------------------
@@ -99,6 +97,8 @@ def validate_accountant(accountant):
 
 
 def validate_sampling(sampling, name="sampling"):
+    if isinstance(sampling, samplers.Sampler):
+        return sampling
     if sampling not in SAMPLINGS:
         raise ValueError(
             f"`{name}` must be one of {SAMPLINGS}. "
@@ -107,14 +107,19 @@ def validate_sampling(sampling, name="sampling"):
     return sampling
 
 
+def adjacency(sampling):
+    """The name of the adjacency relation `sampling`'s bound is stated under."""
+    return _sampler_type(sampling).adjacency
+
+
+def _sampler_type(sampling):
+    return type(sampling) if isinstance(sampling, samplers.Sampler) else samplers.sampler_class(sampling)
+
+
 def check_supported(accountant, sampling):
-    if accountant == "pld" and sampling == "shuffle":
-        # dp_accounting's PLD accountant has no SampledWithoutReplacement
-        # event; treating fixed-size batches as Poisson would understate
-        # epsilon, so refuse instead.
+    if not _sampler_type(sampling).supports_accountant(accountant):
         raise ValueError(
-            "The PLD accountant does not support fixed-size shuffled batches "
-            "(sampling without replacement); use accountant='rdp'. "
+            f"The {accountant} accountant does not support this sampler. "
             f"Received: accountant={accountant!r}, sampling={sampling!r}"
         )
 
@@ -293,19 +298,11 @@ def make_dp_event(
 ):
     """Returns the `dp_accounting.DpEvent` describing a DP-SGD run.
 
-    For `sampling="poisson"` this is
-    `SelfComposed(PoissonSampled(q, Gaussian(sigma)), steps)`, to be
-    accounted under add/remove-one adjacency.
-
-    For `sampling="shuffle"` it is
-    `SelfComposed(SampledWithoutReplacement(N, B, Gaussian(sigma / 2)),
-    steps)`, to be accounted under replace-one adjacency. The halving is
-    deliberate: the clipped sum's replace-one L2 sensitivity is `2C`, and
-    `dp_accounting`'s RDP code reads `noise_multiplier` as noise std over
-    the sensitivity of the relation in use (its without-replacement bound at
-    `q = 1` is `alpha / (2 sigma^2)`, the RDP of a sensitivity-1 Gaussian).
-    That bound depends on `(N, B)` only through `B / N`; given only
-    `sampling_rate`, the event carries the exact integer ratio of `q`.
+    It is the sampler's event (`tfdp.samplers`): for `"poisson"`,
+    `SelfComposed(PoissonSampled(q, Gaussian(sigma)), steps)`; for
+    `"shuffle"`, `SelfComposed(Gaussian(sigma), passes)`, one Gaussian
+    mechanism per pass over the data. Both are accounted under add/remove-one
+    adjacency (`adjacency(sampling)`).
 
     Args:
         noise_multiplier: float. Noise std over the clipping norm `C`,
@@ -314,7 +311,7 @@ def make_dp_event(
         sampling_rate: float or None. Poisson rate `q`. Defaults to `None`.
         dataset_size: int or None. `N`. Defaults to `None`.
         batch_size: int or None. `B`. Defaults to `None`.
-        sampling: str. `"poisson"` or `"shuffle"`. Defaults to `"poisson"`.
+        sampling: str or `tfdp.samplers.Sampler`. Defaults to `"poisson"`.
 
     Returns:
         A `dp_accounting.DpEvent`.
@@ -327,26 +324,11 @@ def make_dp_event(
 
 
 def _make_event(sigma, steps, q, n, b, sampling):
-    if sampling == "poisson":
-        single = dp_accounting.PoissonSampledDpEvent(
-            q, dp_accounting.GaussianDpEvent(sigma)
-        )
-    else:
-        if b is None:
-            # dp_accounting's bound depends on (N, B) only through B / N,
-            # which it recomputes as a float division; the exact integer
-            # ratio of the float q gives back q bit for bit.
-            b, n = q.as_integer_ratio()
-        single = dp_accounting.SampledWithoutReplacementDpEvent(
-            n, b, dp_accounting.GaussianDpEvent(sigma / 2.0)
-        )
-    return dp_accounting.SelfComposedDpEvent(single, steps)
+    return samplers.for_accounting(sampling, q, n, b).dp_event(sigma, steps)
 
 
 def _relation(sampling):
-    if sampling == "poisson":
-        return dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
-    return dp_accounting.NeighboringRelation.REPLACE_ONE
+    return _sampler_type(sampling).neighboring_relation
 
 
 # --------------------------------------------------------------------------
@@ -371,16 +353,14 @@ class _QuietAccountant:
 
 
 @functools.lru_cache(maxsize=256)
-def _single_step_rdp(sigma, q, n, b, sampling):
+def _unit_rdp(unit_event, relation):
     # RDP composes additively, and dp_accounting adds `count * rdp_1` for a
-    # self-composed event, so `steps * rdp_1` reproduces its numbers exactly
-    # while letting the (slow, O(alpha^2)) without-replacement bound be
-    # computed once per (sigma, q) instead of once per query.
-    accountant = dp_rdp.RdpAccountant(
-        orders=RDP_ORDERS, neighboring_relation=_relation(sampling)
-    )
+    # self-composed event, so `count * rdp_1` reproduces its numbers exactly
+    # while the unit's RDP is computed once per (sampler, sigma) instead of
+    # once per query. DpEvents are frozen and hashable.
+    accountant = dp_rdp.RdpAccountant(orders=RDP_ORDERS, neighboring_relation=relation)
     with _QuietAccountant():
-        accountant.compose(_make_event(sigma, 1, q, n, b, sampling))
+        accountant.compose(unit_event)
     rdp = getattr(accountant, "_rdp", None)
     if rdp is None:
         return None
@@ -389,31 +369,28 @@ def _single_step_rdp(sigma, q, n, b, sampling):
     return rdp
 
 
-def _rdp_epsilon(sigma, steps, delta, q, n, b, sampling):
-    # Both events depend on N and B only through q = B / N (bit for bit, see
-    # `_make_event`), so keep them out of the cache key.
-    n = b = None
-    rdp_1 = _single_step_rdp(sigma, q, n, b, sampling)
+def _rdp_epsilon(sigma, steps, delta, sampler):
+    rdp_1 = _unit_rdp(sampler.unit_event(sigma), sampler.neighboring_relation)
     if rdp_1 is None:
         # Private attribute gone in some dp_accounting version: compose the
         # whole run the public way.
         accountant = dp_rdp.RdpAccountant(
-            orders=RDP_ORDERS, neighboring_relation=_relation(sampling)
+            orders=RDP_ORDERS, neighboring_relation=sampler.neighboring_relation
         )
         with _QuietAccountant():
-            accountant.compose(_make_event(sigma, steps, q, n, b, sampling))
+            accountant.compose(sampler.dp_event(sigma, steps))
         return float(accountant.get_epsilon(delta))
-    eps, _ = dp_rdp.compute_epsilon(RDP_ORDERS, steps * rdp_1, delta)
+    eps, _ = dp_rdp.compute_epsilon(RDP_ORDERS, sampler.unit_count(steps) * rdp_1, delta)
     return float(eps)
 
 
 @functools.lru_cache(maxsize=8)
-def _pld_accountant(sigma, steps, q):
+def _pld_accountant(sampler, sigma, steps):
     accountant = dp_pld.PLDAccountant(
-        neighboring_relation=_relation("poisson"),
+        neighboring_relation=sampler.neighboring_relation,
         value_discretization_interval=PLD_DISCRETIZATION,
     )
-    accountant.compose(_make_event(sigma, steps, q, None, None, "poisson"))
+    accountant.compose(sampler.dp_event(sigma, steps))
     return accountant
 
 
@@ -424,9 +401,10 @@ def _epsilon(sigma, steps, delta, q, n, b, accountant, sampling):
         return 0.0
     if sigma == 0:
         return math.inf
+    sampler = samplers.for_accounting(sampling, q, n, b)
     if accountant == "rdp":
-        return _rdp_epsilon(sigma, steps, delta, q, n, b, sampling)
-    return float(_pld_accountant(sigma, steps, q).get_epsilon(delta))
+        return _rdp_epsilon(sigma, steps, delta, sampler)
+    return float(_pld_accountant(sampler, sigma, steps).get_epsilon(delta))
 
 
 def epsilon(
@@ -446,21 +424,13 @@ def epsilon(
     independently with probability `q`; accounted as the Poisson-subsampled
     Gaussian mechanism under add/remove-one adjacency, by RDP or PLD.
 
-    `sampling="shuffle"`: each step's batch is `B` distinct examples out of
-    `N`; accounted as sampling without replacement under replace-one
-    adjacency, by the RDP bound of Wang, Balle & Kasiviswanathan (2019,
-    Theorem 27) in `dp_accounting.rdp`. The clipped sum's sensitivity under
-    replace-one is `2C` (one clipped gradient swapped for another), so the
-    Gaussian is passed to dp_accounting with noise multiplier `sigma / 2`.
-    The bound treats each step's batch as an independent, uniformly random
-    subset of size `B`. A per-epoch shuffle (every example exactly once per
-    epoch) is not that either; this is the standard honest treatment of
-    fixed-size batches, not an analysis of shuffling itself (whose batches
-    are dependent across steps), and unlike `"poisson"` it is not a claim
-    about add/remove adjacency. The PLD accountant has no such event, so
-    `accountant="pld"` with `sampling="shuffle"` raises. The bound depends
-    on `N` and `B` only through `q = B / N`, so `sampling_rate` alone also
-    works.
+    `sampling="shuffle"`: fixed-size batches, each example at most once per
+    pass over the data, in any order; accounted as one Gaussian mechanism
+    per pass (a partial pass counts as whole), by RDP or PLD, under
+    add/remove adjacency with the removed example's slot left empty. No
+    amplification by sampling is claimed. This is TF-Privacy's "each example
+    occurring once per epoch" bound (`used_microbatching=False`). With only
+    `sampling_rate`, a pass is `floor(1 / q)` steps.
 
     Args:
         noise_multiplier: float. Noise std over the clipping norm, `sigma`,

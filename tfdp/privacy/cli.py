@@ -6,15 +6,18 @@ import math
 import sys
 import warnings
 
+from tfdp import samplers
 from tfdp.privacy import accounting
 from tfdp.privacy import calibration
 
 _DESCRIPTION = """\
 Epsilon of a DP-SGD run, or the noise multiplier for a target epsilon.
-Steps from epochs are ceil(epochs * dataset_size / batch_size).
---sampling=poisson: Poisson-subsampled Gaussian, add/remove-one adjacency.
---sampling=shuffle: fixed-size batches, sampling without replacement,
-replace-one adjacency (RDP only)."""
+Steps from epochs are ceil(epochs * steps per epoch): N / B for Poisson,
+N // B for shuffle.
+--sampling=poisson: Poisson-subsampled Gaussian per step, add/remove-one
+adjacency.
+--sampling=shuffle: fixed-size batches, each example once per pass, any
+order: one Gaussian mechanism per pass, no amplification."""
 
 
 class _UsageError(Exception):
@@ -124,7 +127,8 @@ def compute(args):
     n, b = args.dataset_size, args.batch_size
     q, _, _ = accounting.resolve_sampling_rate(None, n, b)
     if args.epochs is not None:
-        steps = accounting.steps_for_epochs(args.epochs, n, b)
+        sampler = samplers.make_sampler(args.sampling, dataset_size=n, logical_batch_size=b)
+        steps = max(1, math.ceil(args.epochs * sampler.steps_per_epoch))
     else:
         steps = args.steps
     if args.accountant == "both":
@@ -140,7 +144,7 @@ def compute(args):
         "steps": steps,
         "sampling_rate": q,
         "sampling": args.sampling,
-        "adjacency": accounting.ADJACENCY[args.sampling],
+        "adjacency": accounting.adjacency(args.sampling),
         "delta": args.delta,
         "accountant": args.accountant,
     }

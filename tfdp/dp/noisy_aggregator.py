@@ -1,0 +1,95 @@
+"""`NoisyAggregator`: accumulate clipped sums, add the noise once, divide.
+
+The one implementation of the end of a DP-SGD step, shared by the trainer's
+`PrivateTrainStep` and Keras' `DPOptimizer`, so that both release exactly
+
+    (Σ_i clip(g_i) + N(0, (σC)²)) / B
+
+per logical step, with B the public expected batch size (never the realised
+one, which would leak it) and the noise drawn once from
+`step_seed(noise_key, step)`.
+"""
+
+import tensorflow as tf
+
+from tfdp.dp import noise as noise_lib
+
+
+class NoisyAggregator:
+    """The accumulate → noise → divide stages of a logical step.
+
+    It holds no variables: the caller owns the accumulators (per-replica
+    variables in the trainer, optimizer variables in Keras), so each keeps
+    its own checkpointing and distribution, and both share the arithmetic.
+
+    Args:
+        noise_stddev: float. σ·C, the std of the noise on the summed clipped
+            gradients of one logical step.
+        expected_batch_size: float. B, the divisor.
+        noise_key: int64 `[2]`. The run's secret noise sub-key
+            (`SecretKey.derive("noise")`).
+    """
+
+    def __init__(self, *, noise_stddev, expected_batch_size, noise_key):
+        if not noise_stddev >= 0:
+            raise ValueError(f"noise_stddev must be >= 0. Received: noise_stddev={noise_stddev}")
+        if not expected_batch_size > 0:
+            raise ValueError(
+                f"expected_batch_size must be > 0. Received: expected_batch_size={expected_batch_size}"
+            )
+        self.noise_stddev = float(noise_stddev)
+        self.expected_batch_size = float(expected_batch_size)
+        # A graph constant, never a variable: nothing that saves the model or
+        # the optimizer may hold the key.
+        self._noise_key = tf.constant(noise_key, tf.int64)
+
+    def accumulate(self, accumulators, clipped_sum, first):
+        """Adds one physical batch's clipped sum.
+
+        Args:
+            accumulators: list of float variables, one per trainable variable.
+            clipped_sum: list of tensors. Σ_i clip(g_i) over the batch.
+            first: bool scalar tensor. True on the first physical batch of a
+                logical step: the sum overwrites the accumulators, so no pass
+                is spent zeroing them.
+        """
+        clipped_sum = [tf.cast(g, a.dtype) for a, g in zip(accumulators, clipped_sum)]
+
+        def overwrite():
+            for acc, g in zip(accumulators, clipped_sum):
+                acc.assign(g)
+            return tf.constant(0)
+
+        def add():
+            for acc, g in zip(accumulators, clipped_sum):
+                acc.assign_add(g)
+            return tf.constant(0)
+
+        tf.cond(first, overwrite, add)
+
+    def noisy_mean(self, accumulators, step, num_replicas=1, empty=None):
+        """`(Σ + noise / R) / B`, to hand to the optimizer.
+
+        On R replicas each replica holds its partial sum and adds `noise / R`
+        of one common draw (same key, same step), so the optimizer's
+        cross-replica SUM adds back exactly one N(0, (σC)²).
+
+        Args:
+            accumulators: list of variables. The logical step's sums.
+            step: int scalar (tensor). The logical step: seeds the noise.
+            num_replicas: int. R. Defaults to 1.
+            empty: bool scalar tensor or None. True when no batch was
+                accumulated (the accumulators hold stale sums): the sum is
+                taken as zero. Defaults to None.
+        """
+        sums = [tf.convert_to_tensor(a) for a in accumulators]
+        if empty is not None:
+            sums = tf.cond(empty, lambda: [tf.zeros_like(s) for s in sums], lambda: sums)
+        if self.noise_stddev > 0:
+            # noise / R drawn directly as N(0, (σC/R)²) from the same words.
+            noise = noise_lib.gaussian_noise(
+                sums, self.noise_stddev / float(num_replicas),
+                noise_lib.step_seed(self._noise_key, step),
+            )
+            sums = [s + n for s, n in zip(sums, noise)]
+        return [s / self.expected_batch_size for s in sums]

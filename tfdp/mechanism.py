@@ -1,0 +1,231 @@
+"""`DPSGD`: the whole privacy contract of a DP-SGD run, in one object.
+
+C, σ (or a target ε that calibrates it), the sampler, the accountant, δ and
+the secret key are validated here once, and everything the guarantee rests on
+is derived from them here:
+- σ, calibrated for the target ε over the planned steps;
+- the noise std σ·C and the divisor (the sampler's expected batch size);
+- the DP event and the privacy ledger;
+- whether a checkpoint may be continued under this contract;
+- the noisy aggregator that releases each logical step.
+
+The trainer, `DPOptimizer` / `make_private`, the audit and the bench all take
+one, so no route can wire these values differently.
+
+Imports no TensorFlow until the aggregator is asked for.
+"""
+
+import math
+
+from tfdp import samplers
+from tfdp import secret_key as secret_key_lib
+from tfdp.privacy import accounting
+from tfdp.privacy import calibration
+from tfdp.privacy import ledger as ledger_lib
+
+
+def _check_positive(name, value, allow_zero=False):
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be {bound}. Received: {name}={value!r}")
+    return float(value)
+
+
+class DPSGD:
+    """The privacy contract of a DP-SGD run.
+
+    Args:
+        l2_norm_clip: float. C > 0, the per-example clipping bound.
+        noise_multiplier: float or None. σ >= 0; the noise std on the
+            summed clipped gradients of a logical step is σ·C. If None, σ
+            is calibrated from `target_epsilon` over `steps`.
+        sampler: `tfdp.samplers.Sampler` or None. How the logical batches
+            are drawn; it gives the divisor and the DP event. None is only
+            for a bare step with an explicit `expected_batch_size` and no
+            accounting.
+        target_epsilon: float or None. A budget: calibrates σ when σ is
+            None, and `budget_steps` stops before it would be exceeded.
+            Defaults to None.
+        delta: float. δ of the guarantee, in (0, 1). Defaults to 1e-5.
+        accountant: str. "rdp" or "pld". Defaults to "rdp".
+        steps: int or None. The planned logical steps (for calibration).
+            Defaults to None.
+        expected_batch_size: float or None. The divisor when there is no
+            sampler. Defaults to None.
+        secret_key: `tfdp.secret_key.SecretKey` or None. The key of the
+            noise and the sampling; a checkpointed one to resume. Defaults to
+            None: a fresh key from the OS's entropy.
+        insecure_reproducible_seed: int or None. INSECURE: derive the key
+            from this public seed (tests, reproducible research). Defaults
+            to None.
+    """
+
+    def __init__(
+        self,
+        l2_norm_clip,
+        noise_multiplier=None,
+        *,
+        sampler=None,
+        target_epsilon=None,
+        delta=1e-5,
+        accountant="rdp",
+        steps=None,
+        expected_batch_size=None,
+        secret_key=None,
+        insecure_reproducible_seed=None,
+    ):
+        self.l2_norm_clip = _check_positive("l2_norm_clip", l2_norm_clip)
+        if sampler is not None and not isinstance(sampler, samplers.Sampler):
+            raise ValueError(
+                "sampler must be a tfdp.samplers.Sampler (e.g. "
+                "`tfdp.samplers.make_sampler('poisson', dataset_size=..., "
+                f"logical_batch_size=...)`). Received: {sampler!r}"
+            )
+        self.sampler = sampler
+        self.delta = accounting.validate_delta(delta)
+        accounting.validate_accountant(accountant)
+        self.accountant = accountant
+        if sampler is not None:
+            accounting.check_supported(accountant, sampler)
+        if target_epsilon is not None:
+            _check_positive("target_epsilon", target_epsilon)
+        self.target_epsilon = target_epsilon
+        self.planned_steps = steps
+        if noise_multiplier is None:
+            if target_epsilon is None or sampler is None or steps is None:
+                raise ValueError(
+                    "DP-SGD needs a noise_multiplier, or a target_epsilon with a sampler "
+                    "and the planned steps to calibrate it. Received: noise_multiplier=None, "
+                    f"target_epsilon={target_epsilon}, sampler={sampler!r}, steps={steps}"
+                )
+            noise_multiplier = calibration.calibrate_noise(
+                target_epsilon, self.delta, steps=steps, dataset_size=sampler.dataset_size,
+                batch_size=sampler.logical_batch_size, accountant=accountant, sampling=sampler,
+            )
+            self.calibrated = True
+        else:
+            self.calibrated = False
+        self.noise_multiplier = _check_positive("noise_multiplier", noise_multiplier,
+                                                allow_zero=True)
+        if sampler is not None:
+            if expected_batch_size is not None:
+                raise ValueError(
+                    "The divisor is the sampler's expected batch size; pass a sampler or "
+                    f"expected_batch_size, not both. Received: expected_batch_size={expected_batch_size}"
+                )
+            expected_batch_size = sampler.expected_batch_size
+        if expected_batch_size is None:
+            raise ValueError(
+                "DP-SGD needs the divisor of the noisy sum: pass a sampler, or "
+                "expected_batch_size. Received: sampler=None, expected_batch_size=None"
+            )
+        self.expected_batch_size = _check_positive("expected_batch_size", expected_batch_size)
+        self.secret_key = secret_key_lib.SecretKey.resolve(secret_key, insecure_reproducible_seed)
+
+    # ------------------------------------------------------------------
+    # The noise and the divisor.
+    # ------------------------------------------------------------------
+
+    @property
+    def noise_stddev(self):
+        """σ·C: the noise std on a logical step's summed clipped gradients."""
+        return self.noise_multiplier * self.l2_norm_clip
+
+    @property
+    def sampling_key(self):
+        """The secret sub-key of the sampler's batches."""
+        return self.secret_key.derive("sampling")
+
+    def aggregator(self):
+        """The `NoisyAggregator` that releases each logical step."""
+        from tfdp.dp import noisy_aggregator
+
+        return noisy_aggregator.NoisyAggregator(
+            noise_stddev=self.noise_stddev, expected_batch_size=self.expected_batch_size,
+            noise_key=self.secret_key.derive("noise"),
+        )
+
+    # ------------------------------------------------------------------
+    # Accounting.
+    # ------------------------------------------------------------------
+
+    def _require_sampler(self, what):
+        if self.sampler is None:
+            raise ValueError(f"{what} needs the sampler of the run. Received: sampler=None")
+
+    def dp_event(self, steps):
+        """The `dp_accounting.DpEvent` of `steps` logical steps."""
+        self._require_sampler("The DP event")
+        return self.sampler.dp_event(self.noise_multiplier, steps)
+
+    def ledger(self, steps=0):
+        """A `PrivacyLedger` of this contract after `steps` steps."""
+        self._require_sampler("The privacy ledger")
+        return ledger_lib.PrivacyLedger(
+            self.noise_multiplier, self.sampler.sampling_rate, delta=self.delta, steps=steps,
+            sampler=self.sampler.name, accountant=self.accountant,
+            dataset_size=self.sampler.dataset_size, batch_size=self.sampler.logical_batch_size,
+            l2_norm_clip=self.l2_norm_clip,
+        )
+
+    def epsilon(self, steps):
+        """ε after `steps` logical steps, at this contract's δ."""
+        return self.ledger(steps).epsilon()
+
+    def budget_steps(self, planned_steps):
+        """The steps that fit the target ε (all of them without a target)."""
+        if self.target_epsilon is None:
+            return planned_steps
+        return min(planned_steps, self.ledger().max_steps_within(self.target_epsilon))
+
+    def check_checkpoint(self, record, saved_key, where):
+        """Refuses a checkpoint written under another contract.
+
+        Args:
+            record: dict. The checkpoint's ledger (`to_dict`).
+            saved_key: `SecretKey` or None. The checkpoint's key.
+            where: str. Names the checkpoint and the fix, for the message.
+
+        Raises:
+            ValueError: naming what differs.
+        """
+        saved = ledger_lib.PrivacyLedger.from_dict(record)
+        differences = saved.differences(self.ledger())
+        if differences:
+            listed = ", ".join(
+                f"{name}: checkpoint {old!r} vs this run {new!r}"
+                for name, (old, new) in differences.items()
+            )
+            raise ValueError(
+                f"The checkpoint {where} was written under another privacy configuration "
+                f"({listed}); its steps cannot be counted under this one."
+            )
+        if saved_key is None or saved_key.insecure_seed != self.secret_key.insecure_seed:
+            def describe(key):
+                if key is None:
+                    return "no recorded key"
+                return "a secret key" if key.is_secret else f"insecure seed {key.insecure_seed}"
+
+            raise ValueError(
+                f"The checkpoint {where} drew its noise and sampling from "
+                f"{describe(saved_key)}, and this run asks for {describe(self.secret_key)}."
+            )
+
+    def with_secret_key(self, secret_key):
+        """The same contract with another key (e.g. a checkpoint's, to resume)."""
+        other = object.__new__(DPSGD)
+        other.__dict__.update(self.__dict__)
+        other.secret_key = secret_key_lib.SecretKey.resolve(secret_key)
+        return other
+
+    def describe(self):
+        """One line for logs. Never shows the key."""
+        sampler = self.sampler.describe() if self.sampler is not None else "no sampler"
+        return (f"DP-SGD: C={self.l2_norm_clip:g} sigma={self.noise_multiplier:.4f}"
+                f"{' (calibrated)' if self.calibrated else ''} delta={self.delta:g} "
+                f"accountant={self.accountant} {sampler} "
+                f"key={'secret' if self.secret_key.is_secret else 'INSECURE'}")
+
+    def __repr__(self):
+        return f"DPSGD({self.describe()})"

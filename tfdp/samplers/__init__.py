@@ -1,0 +1,25 @@
+"""Samplers: how each logical step's examples are drawn, and their DP events.
+
+`make_sampler("poisson" | "shuffle", dataset_size=, logical_batch_size=, ...)`
+returns one. See `tfdp.samplers.base.Sampler` for what every sampler knows.
+"""
+
+from tfdp.samplers.base import Sampler
+from tfdp.samplers.base import for_accounting
+from tfdp.samplers.base import make_sampler
+from tfdp.samplers.base import names
+from tfdp.samplers.base import register
+from tfdp.samplers.base import sampler_class
+from tfdp.samplers.poisson import PoissonSampler
+from tfdp.samplers.shuffle import ShuffleSampler
+
+__all__ = [
+    "PoissonSampler",
+    "Sampler",
+    "ShuffleSampler",
+    "for_accounting",
+    "make_sampler",
+    "names",
+    "register",
+    "sampler_class",
+]

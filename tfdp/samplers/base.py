@@ -1,0 +1,219 @@
+"""`Sampler`: which examples form each logical step, and what that costs.
+
+A sampler is the one place that knows how a run's logical batches are drawn:
+- its steps per epoch and expected batch size (the divisor of the noisy sum);
+- the indices of step `s`, a pure function of the run's secret sampling key
+  and `s` (so a resumed run sees the batches it would have seen);
+- its DP event: what the accountant composes for a number of steps.
+
+Everything else (the pipeline, the accountant, the ledger, the trainer, the
+Keras path) asks the sampler and never branches on its name. Adding a
+sampler is one module with one class, registered with `@register`.
+
+Imports no TensorFlow at module level: `python -m tfdp.privacy` uses the
+samplers' DP events without paying TensorFlow's import.
+"""
+
+import abc
+import numbers
+
+import dp_accounting
+
+_REGISTRY = {}
+
+
+def register(cls):
+    """Class decorator: makes a `Sampler` subclass available by its `name`."""
+    if not cls.name or cls.name in _REGISTRY:
+        raise ValueError(f"A sampler needs a new, unique name. Received: name={cls.name!r}")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def names():
+    """The registered sampler names."""
+    return tuple(_REGISTRY)
+
+
+def sampler_class(name):
+    """The registered class of `name`; a clear error for unknown names."""
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"Unknown sampler. Expected one of {names()}. Received: sampler={name!r}"
+        ) from None
+
+
+def _positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        if isinstance(value, float) and value.is_integer() and value >= 1:
+            return int(value)
+        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+    return int(value)
+
+
+class Sampler(abc.ABC):
+    """How the examples of each logical step are drawn.
+
+    Args:
+        dataset_size: int. N, the training examples.
+        logical_batch_size: int. B: expected (Poisson) or exact (shuffle)
+            examples per logical step, over all hosts.
+        physical_batch_size: int or None. P: examples per physical batch,
+            per host. Defaults to the per-host logical batch.
+        num_hosts: int. Input pipelines that share each step. Defaults to 1.
+    """
+
+    name = None
+    # True when the DP event uses privacy amplification by sampling, which
+    # needs batches drawn at random with a key the adversary does not know.
+    amplified = False
+    # Random access to any example by index is needed (else a stream works).
+    needs_random_access = True
+
+    def __init__(self, dataset_size, logical_batch_size, physical_batch_size=None, num_hosts=1):
+        self.dataset_size = _positive_int("dataset_size", dataset_size)
+        self.logical_batch_size = _positive_int("logical_batch_size", logical_batch_size)
+        self.num_hosts = _positive_int("num_hosts", num_hosts)
+        if physical_batch_size is None:
+            physical_batch_size = max(self.logical_batch_size // self.num_hosts, 1)
+        self.physical_batch_size = _positive_int("physical_batch_size", physical_batch_size)
+        if self.logical_batch_size > self.dataset_size:
+            raise ValueError(
+                "`logical_batch_size` must not exceed the dataset size. Received: "
+                f"logical_batch_size={self.logical_batch_size}, dataset_size={self.dataset_size}"
+            )
+        self._validate()
+
+    def _validate(self):
+        """Subclass hook for further checks of the batch sizes."""
+
+    @property
+    def sampling_rate(self):
+        """q = B / N."""
+        return self.logical_batch_size / self.dataset_size
+
+    @property
+    @abc.abstractmethod
+    def expected_batch_size(self):
+        """The expected logical batch size: the public divisor of the noisy sum."""
+
+    @property
+    @abc.abstractmethod
+    def steps_per_epoch(self):
+        """Logical steps per pass over the data (a float where not whole)."""
+
+    @property
+    def physical_batches_per_step(self):
+        """Physical batches per logical step, per host (expected, for random sizes)."""
+        return self.expected_batch_size / self.num_hosts / self.physical_batch_size
+
+    # ------------------------------------------------------------------
+    # Accounting.
+    # ------------------------------------------------------------------
+
+    neighboring_relation = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+    adjacency = "add_or_remove_one"
+
+    @abc.abstractmethod
+    def unit_event(self, noise_multiplier):
+        """The `DpEvent` of one unit of composition (a step, or a pass)."""
+
+    @abc.abstractmethod
+    def unit_count(self, steps):
+        """How many units `steps` logical steps compose."""
+
+    def dp_event(self, noise_multiplier, steps):
+        """The `DpEvent` of `steps` logical steps with noise multiplier σ."""
+        return dp_accounting.SelfComposedDpEvent(
+            self.unit_event(noise_multiplier), self.unit_count(steps)
+        )
+
+    @classmethod
+    def supports_accountant(cls, accountant):
+        """Whether `accountant` ("rdp" or "pld") can account this sampler."""
+        del accountant
+        return True
+
+    # ------------------------------------------------------------------
+    # Batches (TensorFlow, in the tf.data graph).
+    # ------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def step_indices(self, sampling_key, step, host=0):
+        """This host's share of step `step`.
+
+        Args:
+            sampling_key: int64 `[2]`. The run's secret sampling sub-key.
+            step: int64 scalar tensor.
+            host: int. This input pipeline's index.
+
+        Returns:
+            `(indices, weights)`: int64 `[L]` (-1 for padding) and float32
+            `[L]` (1 real, 0 padding), L a positive multiple of P.
+        """
+
+    def check_source(self, source):
+        """Refuses a source this sampler cannot draw from, naming the fix."""
+        if self.needs_random_access and not getattr(source, "random_access", False):
+            raise ValueError(
+                f"sampler={self.name!r} needs a random-access source (an ArraySource, "
+                "an in-memory dataset, or a tfds dataset prepared with "
+                "`--file_format=array_record`). For a streaming source use "
+                "sampler='shuffle', accounted without amplification. "
+                f"Received: {type(source).__name__}"
+            )
+
+    def with_hosts(self, num_hosts, physical_batch_size=None):
+        """The same sampler split over `num_hosts` input pipelines."""
+        return type(self)(self.dataset_size, self.logical_batch_size,
+                          physical_batch_size or self.physical_batch_size, num_hosts)
+
+    # ------------------------------------------------------------------
+
+    def describe(self):
+        """One line for logs."""
+        return (f"sampler={self.name} N={self.dataset_size} B={self.logical_batch_size} "
+                f"q={self.sampling_rate:.6g} steps/epoch={self.steps_per_epoch:.6g} "
+                f"amplified={self.amplified}")
+
+    def __repr__(self):
+        return (f"{type(self).__name__}(dataset_size={self.dataset_size}, "
+                f"logical_batch_size={self.logical_batch_size}, "
+                f"physical_batch_size={self.physical_batch_size}, num_hosts={self.num_hosts})")
+
+    def __eq__(self, other):
+        return type(self) is type(other) and repr(self) == repr(other)
+
+    def __hash__(self):
+        return hash(repr(self))
+
+
+def make_sampler(sampler, *, dataset_size, logical_batch_size, physical_batch_size=None,
+                 num_hosts=1):
+    """A `Sampler` from a registered name (or a `Sampler`, returned as is).
+
+    Args:
+        sampler: str or `Sampler`. E.g. "poisson" or "shuffle".
+        dataset_size, logical_batch_size, physical_batch_size, num_hosts:
+            see `Sampler`.
+    """
+    if isinstance(sampler, Sampler):
+        return sampler
+    return sampler_class(sampler)(
+        dataset_size, logical_batch_size, physical_batch_size, num_hosts
+    )
+
+
+def for_accounting(sampler, sampling_rate, dataset_size=None, batch_size=None):
+    """A sampler for accounting only, from q, or from N and B.
+
+    Given only q, N and B are the exact integer ratio of q: the events
+    depend on them through B / N (and N // B) only.
+    """
+    if isinstance(sampler, Sampler):
+        return sampler
+    if dataset_size is None or batch_size is None:
+        batch_size, dataset_size = float(sampling_rate).as_integer_ratio()
+    return sampler_class(sampler)(dataset_size, batch_size, 1)
