@@ -1,7 +1,8 @@
 """Writes real image files (JPEG, PNG, gray, RGBA, mixed sizes) for the data tests.
 
-Every image encodes its example id: a PNG's top-left pixel holds `id % 256`
-(lossless), so a test can tell which examples a pipeline produced.
+Every image encodes its example id: its top-left pixel holds `id % 256`
+(PNGs are lossless; JPEGs are flat gray, which JPEG keeps exactly), so a
+test can tell which examples a pipeline produced.
 """
 
 import os
@@ -21,6 +22,8 @@ def encode(example_id, height, width, channels, fmt, rng):
     if channels == 4:
         image[..., 3] = 255
     if fmt == "jpg":
+        # A flat gray JPEG decodes exactly, so the id survives the lossy format.
+        image[...] = example_id % 256
         return tf.io.encode_jpeg(image, quality=95).numpy()
     return tf.io.encode_png(image).numpy()
 

@@ -24,7 +24,7 @@ import numpy as np
 from tfdp.data import arrays
 from tfdp.data import folder
 from tfdp.data import pipeline
-from tfdp.data import preprocessing
+from tfdp.data import preprocessing as preprocessing_lib
 from tfdp.data import sources
 from tfdp.data import splits
 from tfdp.data import tfrecord
@@ -112,7 +112,7 @@ def _first_image_shape(source):
 
     def decode(image, seed):
         del seed
-        return preprocessing.decode(image, 0)
+        return preprocessing_lib.decode(image, 0)
 
     # Reuses the pipelines' search for a decodable stand-in image.
     image = pipeline._find_substitute(  # pylint: disable=protected-access
@@ -148,7 +148,7 @@ def _custom_preprocessing(mode, size, channels):
     if size is None:
         return None, None
     if mode == "resize":
-        fn = preprocessing.resize_preprocess(size, channels)
+        fn = preprocessing_lib.resize_preprocess(size, channels)
         return fn, fn
     if channels != 3 or size[0] != size[1]:
         raise ValueError(
@@ -157,8 +157,8 @@ def _custom_preprocessing(mode, size, channels):
             f"image_size={size}, channels={channels}"
         )
     return (
-        preprocessing.imagenet_train_preprocess(size[0], mean=None, std=None),
-        preprocessing.imagenet_eval_preprocess(size[0], mean=None, std=None),
+        preprocessing_lib.imagenet_train_preprocess(size[0], mean=None, std=None),
+        preprocessing_lib.imagenet_eval_preprocess(size[0], mean=None, std=None),
     )
 
 
@@ -292,11 +292,11 @@ def load_dataset(
         info = train.info
         notes = f"tfds {dataset} ({type(train).__name__}); test: tfds split {test_split!r}"
         if dataset.startswith("cifar"):
-            train_pre = preprocessing.cifar_train_preprocess()
-            eval_pre = preprocessing.cifar_eval_preprocess()
+            train_pre = preprocessing_lib.cifar_train_preprocess()
+            eval_pre = preprocessing_lib.cifar_eval_preprocess()
         elif dataset in _TFDS_VALIDATION_AS_TEST:
-            train_pre = preprocessing.imagenet_train_preprocess()
-            eval_pre = preprocessing.imagenet_eval_preprocess()
+            train_pre = preprocessing_lib.imagenet_train_preprocess()
+            eval_pre = preprocessing_lib.imagenet_eval_preprocess()
     if validation is not None:
         if validation_fraction:
             logging.getLogger(__name__).warning(

@@ -198,19 +198,25 @@ class StreamingSource:
         info: `DatasetInfo`. Metadata.
         image_key: str. Feature name of the image. Defaults to `"image"`.
         label_key: str. Feature name of the label. Defaults to `"label"`.
+        num_examples: int, optional. Size of the split, when known (a
+            slice's). Defaults to `None` (from the tfds metadata).
     """
 
     random_access = False
     encoded = True
 
-    def __init__(self, builder, split, info, image_key="image", label_key="label"):
+    def __init__(self, builder, split, info, image_key="image", label_key="label",
+                 num_examples=None):
         self.builder = builder
         self.split = split
         self.info = info
         self.image_key = image_key
         self.label_key = label_key
+        self.num_examples = num_examples
 
     def __len__(self):
+        if self.num_examples is not None:
+            return self.num_examples
         splits = self.builder.info.splits
         if self.split in splits:
             return int(splits[self.split].num_examples)
@@ -230,11 +236,10 @@ class StreamingSource:
 
     def slice(self, start, stop):
         """Examples `[start, stop)` of the split, as a tfds sub-split source."""
-        start = "" if start is None else start
-        stop = "" if stop is None else stop
+        start, stop, _ = slice(start, stop).indices(len(self))
         return StreamingSource(
             self.builder, f"{self.split}[{start}:{stop}]", self.info, self.image_key,
-            self.label_key,
+            self.label_key, num_examples=max(stop - start, 0),
         )
 
     def as_dataset(self, *, shuffle=False, seed=0, input_context=None):
