@@ -358,7 +358,7 @@ def train(
         n = len(train_src)
         # Sizes and class counts of the data are not covered by the DP guarantee.
         _log(f"data: {loaded.notes}")
-        _log(f"data: train N={n} validation={len(validation_src) if validation_src else 0} "
+        _log(f"data: train N={n} validation={len(validation_src or [])} "
              f"test={len(test_src)} classes={info.num_classes} input={tuple(info.image_shape)}; "
              f"train examples per class: {loaded.class_counts()} (not DP)")
     if logical_batch_size > n:
@@ -495,7 +495,7 @@ def train(
     train_decode_stats, eval_decode_stats = data_lib.DecodeStats(), data_lib.DecodeStats()
     test_ds = data_lib.make_eval_pipeline(test_src, eval_batch_size, preprocess_fn=eval_pre,
                                           decode_stats=eval_decode_stats)
-    validation_ds = validation_src and data_lib.make_eval_pipeline(
+    validation_ds = None if validation_src is None else data_lib.make_eval_pipeline(
         validation_src, eval_batch_size, preprocess_fn=eval_pre, decode_stats=eval_decode_stats)
     train_eval_src = train_src
     if getattr(train_src, "random_access", False) and len(train_src) > train_eval_examples:
@@ -525,7 +525,7 @@ def train(
         eval_decode_stats.reset()
         with ema.swapped() if ema is not None else contextlib.nullcontext():
             train_metrics = evaluate(train_eval_ds)
-            validation_metrics = evaluate(validation_ds) if validation_ds else {}
+            validation_metrics = {} if validation_ds is None else evaluate(validation_ds)
             test_metrics = evaluate(test_ds)
         if not math.isfinite(train_metrics["loss"]):
             raise FloatingPointError(
@@ -619,7 +619,7 @@ def train(
         _log(f"exported {os.path.join(out_dir, 'model.keras')} and {out_dir}/saved_model")
     summary = {
         "validation_accuracy": metrics.get("validation_accuracy"),
-        "validation_size": len(validation_src) if validation_src else 0, "dataset_size": n,
+        "validation_size": len(validation_src or []), "dataset_size": n,
         "test_accuracy": metrics["test_accuracy"], "epsilon": epsilon, "delta": delta,
         "steps": step, "noise_multiplier": ledger.noise_multiplier if ledger else 0.0,
         "wall_time_s": time.time() - t_start,
@@ -628,7 +628,7 @@ def train(
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     writer.flush()
-    if validation_src:
+    if validation_src is not None:
         _log(f"final: validation_accuracy={summary['validation_accuracy']:.4f} "
              f"(N={summary['validation_size']}, held out from training; tune on this)")
     _log(
