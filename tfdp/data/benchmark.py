@@ -75,15 +75,7 @@ def mock_jpegs(num_images=256, height=375, width=500, seed=0, quality=90):
 
 
 def mock_jpeg_source(num_images=256, height=375, width=500, seed=0, quality=90):
-    """An `ArraySource` of `mock_jpegs` with random labels of 1000 classes.
-
-    Args:
-        num_images: int. Distinct images. Defaults to `256`.
-        height: int. Image height. Defaults to `375`.
-        width: int. Image width. Defaults to `500`.
-        seed: int. Seed of the pixels. Defaults to `0`.
-        quality: int. JPEG quality. Defaults to `90`.
-    """
+    """An `ArraySource` of `mock_jpegs` (same arguments), random labels of 1000 classes."""
     encoded = mock_jpegs(num_images, height, width, seed, quality)
     labels = np.random.default_rng(seed).integers(0, 1000, size=num_images)
     info = sources.DatasetInfo(name="mock_imagenet", num_classes=1000, image_shape=(None, None, 3))
