@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from tests.data import image_files
 from tfdp import data
+from tfdp.data import preprocessing
 from tfdp.data import tfrecord
 
 
@@ -37,7 +38,7 @@ def _poisson_ids(splits, steps=40, seed=0):
 def _exact(image_size):
     # Nearest-neighbour resizing keeps pixel (0, 0) (the id) exact.
     def preprocess(image):
-        image = tf.io.decode_image(image, channels=3, expand_animations=False)
+        image = preprocessing.decode(image, 3)
         image = tf.image.resize(image, [image_size, image_size], method="nearest")
         image = tf.cast(image, tf.float32) / 255.0
         image.set_shape([image_size, image_size, 3])
@@ -94,7 +95,12 @@ class FolderTest(tf.test.TestCase):
         splits = data.load_dataset(f"folder:{root}", test_fraction=0.2, seed=1)
         self.assertEqual(splits.class_counts(), [16, 8])
         self.assertEqual(splits.class_counts("test"), [4, 2])
-        self.assertEqual(splits.info.image_shape[-1], 3)  # RGB: the first image's.
+        self.assertEqual(splits.info.image_shape, (12, 16, 3))  # The first image's.
+        # Small and all decodable: decoded and resized into memory once.
+        self.assertEqual(splits.train.images.shape, (24, 12, 16, 3))
+        self.assertEqual(splits.train.images.dtype, np.uint8)
+        first = splits.train.images[0]
+        self.assertEqual(first[0, 0, 0], 0)  # Example 0 (its id), PNG pixels kept exactly.
 
     def test_validation_folder_is_the_test_set_without_test_folder(self):
         root = self.create_tempdir().full_path

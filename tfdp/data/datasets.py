@@ -20,6 +20,7 @@ import os
 
 import gin
 import numpy as np
+import tensorflow as tf
 
 from tfdp.data import arrays
 from tfdp.data import folder
@@ -162,6 +163,30 @@ def _custom_preprocessing(mode, size, channels):
     )
 
 
+def _decoded(source, info, mode, size):
+    """`source` with its `info`; in-memory encoded images decoded and resized once.
+
+    Only for deterministic preprocessing (`"resize"`): the pipelines then skip
+    the per-step decode. When some image does not decode, the source stays
+    encoded, so the pipelines skip and count it.
+    """
+    source.info = info
+    if not (mode == "resize" and size is not None and type(source) is sources.ArraySource
+            and source.encoded):
+        return source
+    resize = preprocessing_lib.resize_preprocess(size, info.image_shape[-1])
+
+    def decode(image):
+        return tf.cast(tf.round(resize(image) * 255.0), tf.uint8)
+
+    decoded = sources._decode_in_memory(  # pylint: disable=protected-access
+        source.images, info, decode
+    )
+    if decoded is source.images:
+        return source
+    return sources.ArraySource(decoded, source.labels, info)
+
+
 def _load_custom(prefix, location, *, seed, test_fraction, num_classes, image_size, channels,
                  preprocessing_mode, image_key, label_key, cache_dir, in_memory_max_bytes):
     if prefix == "folder":
@@ -194,9 +219,10 @@ def _load_custom(prefix, location, *, seed, test_fraction, num_classes, image_si
     info = sources.DatasetInfo(
         name=f"{prefix}:{location}", num_classes=num_classes, image_shape=image_shape
     )
-    for source in (train, test, validation):
-        if source is not None:
-            source.info = info
+    train, test, validation = (
+        None if source is None else _decoded(source, info, preprocessing_mode, size)
+        for source in (train, test, validation)
+    )
     if test is None:
         kept, held = splits.stratified_split(train.labels, test_fraction, seed)
         train, test = validation_lib.subset(train, kept), validation_lib.subset(train, held)
@@ -205,7 +231,9 @@ def _load_custom(prefix, location, *, seed, test_fraction, num_classes, image_si
     return train, validation, test, info, train_pre, eval_pre, notes
 
 
-@gin.configurable(module="tfdp.data")
+# The trainer passes these from `train.*`; binding them here would be ignored.
+@gin.configurable(module="tfdp.data",
+                  denylist=["dataset", "data_dir", "seed", "validation_fraction"])
 def load_dataset(
     dataset,
     *,

@@ -466,12 +466,18 @@ def load_tfds(
     return ArraySource(images, labels, info)
 
 
-def _decode_in_memory(encoded, info):
+def _decode_in_memory(encoded, info, decode_fn=None):
     """Decodes `[N]` encoded images to `[N, H, W, C]` uint8.
 
     When some image fails to decode, returns the encoded array unchanged:
     the pipelines then decode per example and skip (weight 0) and count the
     undecodable ones, which keeps the loader from aborting on one bad file.
+
+    Args:
+        encoded: np.ndarray. `[N]` encoded images.
+        info: `DatasetInfo`. `image_shape` is the decoded shape.
+        decode_fn: callable, optional. `fn(encoded) -> uint8 [H, W, C]`,
+            e.g. a decode and resize. Defaults to `None` (plain decode).
     """
     from tfdp.data import pipeline  # Imported here: pipeline builds on sources.
     from tfdp.data import preprocessing
@@ -483,7 +489,8 @@ def _decode_in_memory(encoded, info):
 
     def decode(image, seed):
         del seed
-        return tf.ensure_shape(preprocessing.decode(image, channels), shape)
+        image = decode_fn(image) if decode_fn else preprocessing.decode(image, channels)
+        return tf.ensure_shape(image, shape)
 
     ds = tf.data.Dataset.from_tensor_slices(encoded.astype(object))
     ds = ds.map(
