@@ -1,6 +1,5 @@
 """Sweeps choose settings by validation accuracy; the test set gives the final number only."""
 
-import json
 import os
 import stat
 import subprocess
