@@ -139,12 +139,22 @@ def compare_routes(num_images=256, batch_size=64, num_batches=8, rounds=3, direc
     (array_record)`. They are measured in turns, `rounds` times, and the
     median is reported, so that a change of machine load hits every route.
 
+    Args:
+        num_images: int. JPEGs written. Defaults to `256`.
+        batch_size: int. Logical and physical batch. Defaults to `64`.
+        num_batches: int. Timed batches per measurement. Defaults to `8`.
+        rounds: int. Measurements per route. Defaults to `3`.
+        directory: str, optional. Where the files go. Defaults to `None`
+            (a temporary directory, removed afterwards).
+
     Returns:
         `{route: images per second}`.
     """
+    if directory is None:
+        with tempfile.TemporaryDirectory(prefix="tfdp_benchmark_") as scratch:
+            return compare_routes(num_images, batch_size, num_batches, rounds, scratch)
     from tfdp.data import datasets
 
-    directory = directory or tempfile.mkdtemp(prefix="tfdp_benchmark_")
     paths, labels = write_jpeg_folder(directory, num_images)
     routes = {}
     for name, max_bytes in (("folder (file index)", 0), ("folder (in memory)", 2**40)):
