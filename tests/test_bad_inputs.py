@@ -119,7 +119,8 @@ class BadInputsTest(tf.test.TestCase):
             return data.ArraySource(np.array(encoded, dtype=object), source.labels, info)
 
         corrupt_train = list(range(0, 1437, 7))  # 206 of 1437: some in every step.
-        sources = (encode(train_src, corrupt_train), encode(test_src, [1, 2, 3]), info, None, None)
+        sources = data.DatasetSplits(
+            encode(train_src, corrupt_train), None, encode(test_src, [1, 2, 3]), info)
         original = train_lib.load_data
         train_lib.load_data = lambda *args, **kwargs: sources
         workdir = self.create_tempdir().full_path

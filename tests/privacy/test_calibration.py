@@ -14,6 +14,7 @@ class CalibrateNoiseTest(parameterized.TestCase):
         (8.0, 1e-6, 2000, 0.05, "rdp", "poisson"),
         (3.0, 1e-5, 100, 0.01, "rdp", "shuffle"),
         (0.5, 1e-5, 10, 0.02, "pld", "poisson"),
+        (3.0, 1e-5, 250, 0.01, "pld", "shuffle"),
     )
     def test_round_trip(self, target, delta, steps, q, accountant, sampling):
         tolerance = 1e-3
@@ -105,16 +106,27 @@ class CalibrateNoiseTest(parameterized.TestCase):
     def test_bad_inputs(self):
         with self.assertRaisesRegex(ValueError, "delta"):
             privacy.calibrate_noise(1.0, 2.0, steps=100, sampling_rate=0.1)
-        with self.assertRaisesRegex(ValueError, "PLD"):
-            privacy.calibrate_noise(
-                1.0,
-                1e-5,
-                steps=100,
-                dataset_size=100,
-                batch_size=10,
-                accountant="pld",
-                sampling="shuffle",
-            )
+
+    def test_pld_shuffle_calibrates_at_most_rdp(self):
+        # PLD accounts shuffle (no refusal) and, being tighter, needs no
+        # more noise than RDP (up to the tolerance).
+        kw = dict(
+            steps=250,
+            dataset_size=50_000,
+            batch_size=500,
+            sampling="shuffle",
+            tolerance=1e-3,
+        )
+        pld = privacy.calibrate_noise(3.0, 1e-5, accountant="pld", **kw)
+        rdp = privacy.calibrate_noise(3.0, 1e-5, accountant="rdp", **kw)
+        self.assertLessEqual(pld, rdp * (1 + 1e-3))
+        self.assertLessEqual(
+            privacy.epsilon(
+                pld, 250, 1e-5, dataset_size=50_000, batch_size=500,
+                accountant="pld", sampling="shuffle",
+            ),
+            3.0,
+        )
 
 
 class MaxStepsWithinTest(parameterized.TestCase):

@@ -6,8 +6,11 @@ import os
 import subprocess
 import sys
 
+import dp_accounting
 from absl.testing import absltest
 from absl.testing import parameterized
+from dp_accounting import pld as dp_pld
+from dp_accounting import rdp as dp_rdp
 
 from tfdp import privacy
 from tfdp.privacy import cli
@@ -68,14 +71,25 @@ class CliSubprocessTest(absltest.TestCase):
 
     def test_shuffle_json(self):
         proc = _run(
-            *PAPER, "--noise_multiplier=1.3127", "--sampling=shuffle", "--json"
+            *PAPER,
+            "--noise_multiplier=1.3127",
+            "--sampling=shuffle",
+            "--accountant=both",
+            "--json",
         )
         self.assertEqual(proc.returncode, 0, proc.stderr)
         result = json.loads(proc.stdout)
         self.assertEqual(result["sampling"], "shuffle")
-        self.assertEqual(result["adjacency"], "replace_one")
-        self.assertNotIn("epsilon_pld", result)
-        self.assertGreater(result["epsilon_rdp"], 12.0)
+        self.assertEqual(result["adjacency"], "add_or_remove_one")
+        # A shuffle epoch is N // B = 19 steps: 70 epochs are 1330 steps.
+        self.assertEqual(result["steps"], 70 * 19)
+        direct = dp_rdp.RdpAccountant()
+        direct.compose(dp_accounting.GaussianDpEvent(1.3127), count=70)
+        self.assertEqual(result["epsilon_rdp"], direct.get_epsilon(1e-6))
+        self.assertEqual(round(result["epsilon_rdp"], 2), 52.28)
+        self.assertIn("epsilon_pld", result)
+        self.assertLessEqual(result["epsilon_pld"], result["epsilon_rdp"])
+        self.assertGreater(result["epsilon_pld"], 12.0)
 
     def test_bad_input_one_line_exit_2(self):
         proc = _run(
@@ -163,16 +177,6 @@ class CliInProcessTest(parameterized.TestCase):
             ["--steps=3", "--noise_multiplier=1", "--sampling=x"],
             "sampling",
         ),
-        (
-            "pld_shuffle",
-            [
-                "--steps=3",
-                "--noise_multiplier=1",
-                "--accountant=pld",
-                "--sampling=shuffle",
-            ],
-            "PLD",
-        ),
         ("negative_steps", ["--steps=-3", "--noise_multiplier=1"], "steps"),
         ("zero_epochs", ["--epochs=0", "--noise_multiplier=1"], "epochs"),
         (
@@ -189,6 +193,50 @@ class CliInProcessTest(parameterized.TestCase):
         self.assertEqual(out, "")
         self.assertRegex(err, f"^error: .*{pattern}")
         self.assertLen(err.splitlines(), 1)
+
+    def test_pld_shuffle(self):
+        code, out, err = _main(
+            "--dataset_size=1000",
+            "--batch_size=10",
+            "--steps=250",
+            "--noise_multiplier=1",
+            "--delta=1e-5",
+            "--accountant=pld",
+            "--sampling=shuffle",
+            "--json",
+        )
+        self.assertEqual(code, 0, err)
+        result = json.loads(out)
+        self.assertEqual(result["adjacency"], "add_or_remove_one")
+        # 100 steps per pass: 250 steps are 3 passes.
+        direct = dp_pld.PLDAccountant()
+        direct.compose(dp_accounting.GaussianDpEvent(1.0), count=3)
+        self.assertAlmostEqual(
+            result["epsilon_pld"], direct.get_epsilon(1e-5), places=9
+        )
+
+    @parameterized.parameters(
+        # sampling, N, B, epochs, steps.
+        ("poisson", 60000, 256, 15, 3516),  # ceil(15 * 60000 / 256)
+        ("shuffle", 60000, 256, 15, 3510),  # 15 * (60000 // 256)
+        ("shuffle", 60000, 256, 1.5, 351),  # ceil(1.5 * 234)
+        ("shuffle", 1000, 300, 2, 6),  # 2 * (1000 // 300)
+        ("poisson", 1000, 300, 2, 7),  # ceil(2 * 1000 / 300)
+        ("poisson", 100, 1, 1.1, 110),  # 1.1 * 100 is 110.00000000000001
+        ("shuffle", 100, 1, 1.1, 110),  # in floats; the decimal is exact.
+    )
+    def test_epochs_to_steps(self, sampling, n, b, epochs, steps):
+        code, out, err = _main(
+            f"--dataset_size={n}",
+            f"--batch_size={b}",
+            f"--epochs={epochs}",
+            "--noise_multiplier=2",
+            "--delta=1e-5",
+            f"--sampling={sampling}",
+            "--json",
+        )
+        self.assertEqual(code, 0, err)
+        self.assertEqual(json.loads(out)["steps"], steps)
 
     def test_bad_delta(self):
         code, _, err = _main(

@@ -47,7 +47,8 @@ class PrivacyLedgerTest(parameterized.TestCase):
             ledger.record_step(1.0)
 
     @parameterized.parameters(
-        ("poisson", "rdp"), ("shuffle", "rdp"), ("poisson", "pld")
+        ("poisson", "rdp"), ("shuffle", "rdp"), ("poisson", "pld"),
+        ("shuffle", "pld"),
     )
     def test_epsilon_matches_function(self, sampler, accountant):
         ledger = _ledger(sampler=sampler, accountant=accountant)
@@ -65,10 +66,17 @@ class PrivacyLedgerTest(parameterized.TestCase):
         self.assertEqual(ledger.epsilon_after(40), expected)
 
     @parameterized.parameters(
-        ("poisson", "rdp"), ("shuffle", "rdp"), ("poisson", "pld")
+        ("poisson", "rdp"), ("shuffle", "rdp"), ("poisson", "pld"),
+        ("shuffle", "pld"),
     )
     def test_save_restore_equals_uninterrupted(self, sampler, accountant):
-        steps_a, steps_b = (30, 70) if accountant == "rdp" else (3, 7)
+        if sampler == "shuffle":
+            # N // B = 234 steps per pass: 230 steps are one pass and 240
+            # two, so epsilon grows across the restore (it is constant
+            # within a pass).
+            steps_a, steps_b = 230, 10
+        else:
+            steps_a, steps_b = (30, 70) if accountant == "rdp" else (3, 7)
         first = _ledger(sampler=sampler, accountant=accountant)
         first.record_step(steps_a)
         text = first.to_json()
@@ -182,15 +190,26 @@ class PrivacyLedgerTest(parameterized.TestCase):
         ("sampler", dict(sampler="uniform"), "sampler"),
         ("accountant", dict(accountant="gdp"), "accountant"),
         ("batch", dict(batch_size=70_000), "batch_size"),
-        (
-            "pld_shuffle",
-            dict(sampler="shuffle", accountant="pld"),
-            "accountant",
-        ),
     )
     def test_constructor_validation(self, overrides, name):
         with self.assertRaisesRegex(ValueError, f"Received: .*{name}="):
             _ledger(**overrides)
+
+    def test_pld_shuffle_accepted(self):
+        # PLD accounts shuffle now: one Gaussian(sigma) per pass of
+        # N // B = 234 steps; 235 steps are two passes.
+        import dp_accounting
+        from dp_accounting import pld as dp_pld
+
+        ledger = _ledger(sampler="shuffle", accountant="pld", steps=235)
+        direct = dp_pld.PLDAccountant(
+            neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+        )
+        direct.compose(dp_accounting.GaussianDpEvent(1.1), count=2)
+        self.assertAlmostEqual(ledger.epsilon(), direct.get_epsilon(1e-6), places=9)
+        self.assertEqual(ledger.epsilon_after(468), ledger.epsilon())
+        self.assertGreater(ledger.epsilon_after(469), ledger.epsilon())
+        self.assertEqual(PrivacyLedger.from_json(ledger.to_json()), ledger)
 
     def test_shuffle_with_rate_only(self):
         by_rate = PrivacyLedger(

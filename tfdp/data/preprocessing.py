@@ -231,3 +231,28 @@ def default_train_preprocess(image, seed):
 def default_eval_preprocess(image):
     """Decode if needed and scale to float32 in [0, 1]."""
     return to_float(decode(image, 3))
+
+
+@gin.configurable(module="tfdp.data")
+def resize_preprocess(size, channels=3):
+    """Returns `fn(image)`: decode, scale to [0, 1] and resize to `size`.
+
+    For images of mixed sizes and formats (JPEG, PNG, grayscale, RGBA):
+    decoding converts to `channels` (RGBA loses its alpha, grayscale is
+    repeated to RGB, RGB is converted to gray for `channels=1`), then a
+    bilinear, antialiased resize gives one static shape. No augmentation,
+    so the same function serves training and evaluation.
+
+    Args:
+        size: int or tuple. Output side, or `(height, width)`.
+        channels: int. 1 or 3. Defaults to `3`.
+    """
+    height, width = (size, size) if isinstance(size, int) else tuple(size)
+
+    def preprocess(image):
+        image = to_float(decode(image, channels))
+        image = tf.image.resize(image, [height, width], method="bilinear", antialias=True)
+        image.set_shape([height, width, channels])
+        return tf.clip_by_value(image, 0.0, 1.0)
+
+    return preprocess

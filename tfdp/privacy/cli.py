@@ -128,7 +128,7 @@ def compute(args):
     q, _, _ = accounting.resolve_sampling_rate(None, n, b)
     if args.epochs is not None:
         sampler = samplers.make_sampler(args.sampling, dataset_size=n, logical_batch_size=b)
-        steps = max(1, math.ceil(args.epochs * sampler.steps_per_epoch))
+        steps = sampler.steps_for_epochs(args.epochs)
     else:
         steps = args.steps
     if args.accountant == "both":

@@ -15,6 +15,8 @@ samplers' DP events without paying TensorFlow's import.
 """
 
 import abc
+import fractions
+import math
 import numbers
 
 import dp_accounting
@@ -103,6 +105,22 @@ class Sampler(abc.ABC):
     @abc.abstractmethod
     def steps_per_epoch(self):
         """Logical steps per pass over the data (a float where not whole)."""
+
+    def steps_for_epochs(self, epochs):
+        """`ceil(epochs × steps_per_epoch)`, formed exactly (no float rounding).
+
+        A partial last step still touches data, so it counts as a step.
+        """
+        if isinstance(epochs, bool) or not isinstance(epochs, numbers.Real) or not (
+            math.isfinite(epochs) and epochs > 0
+        ):
+            raise ValueError(f"`epochs` must be > 0. Received: epochs={epochs!r}")
+        per_epoch = self.steps_per_epoch
+        exact = fractions.Fraction(str(epochs)) * (
+            fractions.Fraction(self.dataset_size, self.logical_batch_size)
+            if isinstance(per_epoch, float) else per_epoch
+        )
+        return max(1, math.ceil(exact))
 
     @property
     def physical_batches_per_step(self):

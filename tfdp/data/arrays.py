@@ -1,0 +1,61 @@
+"""NumPy `.npz` files of images and labels, held in memory.
+
+Keys (the Keras convention, as in `mnist.npz`): `x_train`, `y_train` and
+optionally `x_test`, `y_test`; `images`, `labels` are accepted for a file
+that holds the training data only. Images are `[N, H, W]` (grayscale) or
+`[N, H, W, C]`, uint8 in [0, 255] or float in [0, 1].
+"""
+
+import os
+
+import numpy as np
+
+from tfdp.data import sources
+
+_TRAIN_KEYS = (("x_train", "y_train"), ("images", "labels"))
+_TEST_KEYS = ("x_test", "y_test")
+
+
+def _arrays(npz, image_key, label_key, path):
+    images, labels = npz[image_key], npz[label_key]
+    if images.ndim == 3:
+        images = images[..., None]
+    if images.ndim != 4:
+        raise ValueError(
+            f"`{image_key}` of an .npz must be [N, H, W] or [N, H, W, C] images. "
+            f"Received: {image_key}.shape={images.shape} in {path}"
+        )
+    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(
+            f"`{label_key}` of an .npz must be a [N] integer array. Received: "
+            f"{label_key}.shape={labels.shape}, dtype={labels.dtype} in {path}"
+        )
+    if np.issubdtype(images.dtype, np.floating):
+        images = images.astype(np.float32, copy=False)
+    return sources.ArraySource(images, labels)
+
+
+def load_npz(path):
+    """Reads the training (and test) arrays of an `.npz` file.
+
+    Args:
+        path: str. The `.npz` file.
+
+    Returns:
+        `(train, test, notes)`: `ArraySource`s (`test` is `None` when the
+        file has no `x_test`) and a description.
+    """
+    if not os.path.isfile(path):
+        raise ValueError(f"The .npz file does not exist. Received: path={path!r}")
+    with np.load(path, allow_pickle=False) as npz:
+        keys = set(npz.files)
+        train_keys = next((k for k in _TRAIN_KEYS if set(k) <= keys), None)
+        if train_keys is None:
+            raise ValueError(
+                "An .npz needs the arrays x_train and y_train (or images and labels). "
+                f"Received: keys {sorted(keys)} in {path}"
+            )
+        train = _arrays(npz, *train_keys, path)
+        test = _arrays(npz, *_TEST_KEYS, path) if set(_TEST_KEYS) <= keys else None
+    notes = f"{path}: arrays {'/'.join(train_keys)}" + (" and x_test/y_test" if test else "")
+    return train, test, notes

