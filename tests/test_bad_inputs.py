@@ -70,7 +70,7 @@ class BadInputsTest(tf.test.TestCase):
 
     def test_shuffle_physical_batch_must_divide_logical(self):
         with self.assertRaisesRegex(ValueError, "must divide"):
-            self._train("train.sampling = 'shuffle'", "train.physical_batch_size = 48")
+            self._train("train.sampler = 'shuffle'", "train.physical_batch_size = 48")
 
     def test_unprepared_tfds_dataset(self):
         empty = self.create_tempdir().full_path

@@ -163,7 +163,7 @@ class ResumeRefusalTest(tf.test.TestCase):
             ("train.l2_norm_clip = 2.0", "l2_norm_clip"),
             ("train.noise_multiplier = 1.5", "noise_multiplier"),
             ("train.delta = 1e-6", "delta"),
-            ("train.sampling = 'shuffle'", "sampler"),
+            ("train.sampler = 'shuffle'", "sampler"),
             ("train.logical_batch_size = 64", "sampling_rate"),
             ("train.insecure_reproducible_seed = 1", "secret key.*insecure seed 1"),
         ]

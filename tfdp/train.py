@@ -10,13 +10,13 @@ same workdir resumes from the last checkpoint.
 """
 
 import contextlib
-import json
 import math
 import os
 import re
 import sys
 import tempfile
 import time
+import types
 
 # Quiet TF's C++ start-up chatter; must precede the first TensorFlow import.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -43,12 +43,6 @@ _DRY_RUN = flags.DEFINE_bool(
 )
 _TRACEBACK = flags.DEFINE_bool("traceback", False, "Show full tracebacks for configuration errors.")
 
-# Figures computed from the training data without noise carry this label
-# wherever they appear: the adversary of the guarantee may see them all.
-NOT_COVERED = "not covered by epsilon"
-NON_DP_TAG_PREFIX = "non_dp/"
-
-
 def _log(message):
     print(message, flush=True)
 
@@ -63,12 +57,6 @@ def _guarantee(ledger, key):
     return ("(epsilon, delta)-DP against an adversary who knows the code, the configuration "
             "and every output, but not the training data nor the secret key, which is "
             "stored only in checkpoints/")
-
-
-def _per_example_loss(y_true, logits):
-    import keras
-
-    return keras.losses.sparse_categorical_crossentropy(y_true, logits, from_logits=True)
 
 
 def _check_batches_and_epochs(logical_batch_size, physical_batch_size, epochs):
@@ -91,131 +79,12 @@ def load_data(dataset, data_dir=None, seed=0, validation_fraction=0.0):
     )
 
 
-def _evaluator(model, num_classes):
-    import tensorflow as tf
-
-    k = min(5, num_classes)
-
-    @tf.function
-    def step(images, labels, weights):
-        logits = tf.cast(model(images, training=False), tf.float32)  # bf16 under mixed precision
-        labels = tf.cast(labels, tf.int32)
-        losses = _per_example_loss(labels, logits)
-        top1 = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32)
-        topk = tf.cast(tf.math.in_top_k(labels, logits, k), tf.float32)
-        return tf.stack([
-            tf.reduce_sum(losses * weights), tf.reduce_sum(top1 * weights),
-            tf.reduce_sum(topk * weights), tf.reduce_sum(weights),
-        ])
-
-    def evaluate(dataset):
-        total = None
-        for images, labels, weights in dataset:
-            out = step(images, labels, weights)
-            total = out if total is None else total + out
-        loss, top1, topk, n = (float(v) for v in total.numpy())
-        n = max(n, 1.0)
-        return {"loss": loss / n, "accuracy": top1 / n, f"top{k}_accuracy": topk / n}
-
-    return evaluate
-
-
-def _kept_checkpoint(ckpt):
-    """Where the last good state is, for the NaN/Inf stop messages."""
-    if ckpt.latest:
-        return f"The last good checkpoint is kept: {ckpt.latest}"
-    return f"No checkpoint was written yet (none in {ckpt.directory}); a rerun starts over"
-
-
-def _check_step_is_finite(step_fn, step, ckpt, counted_before):
-    """Stops when every example of a logical step had a non-finite gradient.
-
-    Single non-finite examples are dropped by the clipping (their
-    contribution is zeroed, which keeps the sensitivity bound) and counted.
-    `counted_before` holds the (examples, nonfinite) counters as they were
-    before this step; returns them as they are now.
-    """
-    counts = (float(step_fn.stats["examples"].numpy()), float(step_fn.stats["nonfinite"].numpy()))
-    examples, nonfinite = counts[0] - counted_before[0], counts[1] - counted_before[1]
-    if examples > 0 and nonfinite >= examples:
-        raise FloatingPointError(
-            f"Every example of step {step + 1} had a NaN/Inf loss or gradient: stopping "
-            f"before applying it. {_kept_checkpoint(ckpt)}; "
-            "lower the learning rate or check the input data."
-        )
-    return counts
-
-
-def _out_of_memory_as_error(logical_steps, physical_batch_size, logical_batch_size):
-    """Re-raises an accelerator OOM as one line that names the fix."""
-    import tensorflow as tf
-
-    try:
-        yield from logical_steps
-    except tf.errors.ResourceExhaustedError:
-        raise MemoryError(
-            f"Out of accelerator memory at physical batch {physical_batch_size}. Lower "
-            "train.physical_batch_size: virtual steps keep the logical batch "
-            f"({logical_batch_size}) and so the privacy guarantee unchanged."
-        ) from None
-
-
 def _duration(seconds):
     if seconds < 120:
         return f"{seconds:.0f} s"
     if seconds < 7200:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
-
-
-def _fresh_start_hint(workdir):
-    return (f"To start afresh, use a new --workdir or delete "
-            f"{os.path.join(workdir, 'checkpoints')}.")
-
-
-def _check_resume(previous, mechanism, workdir):
-    """Refuses a checkpoint written under another privacy configuration.
-
-    Args:
-        previous: `checkpointing.read_latest` output (not None).
-        mechanism: this run's `DPSGD` (with the key it asks for: a fresh
-            secret one or an insecure seed's), or None for a non-private run.
-        workdir: str. For the message.
-    """
-    from tfdp import checkpointing
-
-    path, record, saved_key = previous
-    saved_private = record != checkpointing.NON_PRIVATE_RECORD
-    fix = _fresh_start_hint(workdir)
-    if mechanism is None and saved_private:
-        raise ValueError(
-            f"The checkpoint {path} was written by a private run, and this run is "
-            f"non-private: it would continue a model whose epsilon it cannot report. {fix}"
-        )
-    if mechanism is None:
-        return
-    if not saved_private or not record:
-        raise ValueError(
-            f"The checkpoint {path} was written by a non-private run (no privacy "
-            "ledger): continuing it privately would report an epsilon for a model that "
-            f"was not trained privately. {fix}"
-        )
-    try:
-        mechanism.check_checkpoint(record, saved_key, path)
-    except ValueError as e:
-        raise ValueError(f"{e} {fix}") from None
-
-
-def _agreed_key(dist, key):
-    """The chief's key, on every worker: a variable created in a multi-worker
-    strategy's scope starts from the chief's value."""
-    import tensorflow as tf
-
-    from tfdp.secret_key import SecretKey
-
-    with dist.scope():
-        agreed = tf.Variable(key.words, dtype=tf.int64, trainable=False)
-    return SecretKey(agreed.numpy(), insecure_seed=key.insecure_seed)
 
 
 def _dry_run(model, step_fn, info, sampler, total_steps, ledger, physical_batch_size, method):
@@ -408,19 +277,10 @@ def train(
     Returns:
         A dict with the final metrics, ε, δ and steps.
     """
-    import numpy as np
-    import tensorflow as tf
     import keras
 
-    from tfdp import checkpointing
-    from tfdp import data as data_lib
     from tfdp import distribute
-    from tfdp import dp
-    from tfdp import optim
-    from tfdp import privacy
-    from tfdp import secret_key
-    from tfdp.mechanism import DPSGD
-    from tfdp.secret_key import SecretKey
+    from tfdp.training import reporting
 
     strategy = strategy_name or strategy
     physical_batch_size = physical_batch_size or logical_batch_size
@@ -436,48 +296,144 @@ def train(
     # ===================================================================
     # Data
     # ===================================================================
-    validation_src = None
-    if dry_run and dataset in data_lib.CATALOG:
-        entry = data_lib.catalog_entry(dataset)
-        info = data_lib.DatasetInfo(dataset, entry.num_classes, entry.image_shape)
-        n = entry.train_size - data_lib.held_out_count(entry.train_size, validation_fraction)
-        train_src = n
-    else:
-        loaded = load_data(dataset, data_dir, seed, validation_fraction)
-        train_src, validation_src, test_src = loaded.train, loaded.validation, loaded.test
-        info, train_pre, eval_pre = loaded.info, loaded.train_preprocess, loaded.eval_preprocess
-        n = len(train_src)
-        # N is public in the accounting (q = B/N); the class counts are not.
-        _log(f"data: {loaded.notes}")
-        line = (f"data: train N={n} validation={len(validation_src or [])} "
-                f"test={len(test_src)} classes={info.num_classes} input={tuple(info.image_shape)}")
-        if report_non_dp_statistics:
-            line += f" | {NOT_COVERED}: train examples per class {loaded.class_counts()}"
-        _log(line)
-    if logical_batch_size > n:
+    data = _load_data(dataset, data_dir, seed, validation_fraction, dry_run,
+                      report_non_dp_statistics)
+    if logical_batch_size > data.n:
         raise ValueError(
             "logical_batch_size must not exceed the training set size. Received: "
-            f"logical_batch_size={logical_batch_size}, dataset_size={n}"
+            f"logical_batch_size={logical_batch_size}, dataset_size={data.n}"
         )
+
+    # ===================================================================
+    # Privacy: the sampler and the mechanism (C, σ, accountant, δ, key).
+    # A resumed run takes the checkpoint's key, once the checkpoint's privacy
+    # record is this run's; a fresh run draws one from the OS's entropy.
+    # ===================================================================
+    plan = _privacy_plan(
+        data.train, dist, workdir, dry_run, private=private, sampler=sampler,
+        logical_batch_size=logical_batch_size, physical_batch_size=physical_batch_size,
+        epochs=epochs, l2_norm_clip=l2_norm_clip, noise_multiplier=noise_multiplier,
+        target_epsilon=target_epsilon, delta=delta, accountant=accountant,
+        insecure_reproducible_seed=insecure_reproducible_seed,
+    )
+    warmup_steps = min(int(round(warmup_epochs * plan.sampler.steps_per_epoch)),
+                       plan.total_steps - 1)
+
+    # ===================================================================
+    # Model, optimizer and train step, in the strategy's scope.
+    # ===================================================================
+    model = _build_model(dist, data.info, model_fn, mixed_precision, init_checkpoint,
+                         freeze_sub_blocks, dry_run)
+    with dist.scope():
+        schedule = _make_schedule(lr_schedule, base_lr, logical_batch_size, plan.total_steps,
+                                  warmup_steps)
+        optimizer = (optimizer_fn or _default_optimizer())(learning_rate=schedule)
+        step_fn = _make_step(model, optimizer, plan, method=clipping_method,
+                             weight_decay=weight_decay, seed=seed, jit_compile=jit_compile,
+                             augmentation_multiplicity=augmentation_multiplicity)
+    ema = _make_ema(model, ema_decay)
+    if dry_run:
+        return _dry_run(model, step_fn, data.info, plan.sampler, plan.total_steps, plan.ledger,
+                        physical_batch_size, clipping_method if private else None)
+
+    # ===================================================================
+    # Resume: weights, optimizer state (its iteration count is the step),
+    # the ledger; the data position is that step, since batches are a pure
+    # function of (key, step).
+    # ===================================================================
+    ckpt, start_step, ledger = _restore(workdir, dist, model, optimizer, ema, plan)
+    with open(os.path.join(out_dir, "config.gin"), "w") as f:
+        f.write(gin.config_str())
+    _log_run_plan(model, data, plan, dataset, clipping_method, physical_batch_size,
+                  target_epsilon)
+
+    # ===================================================================
+    # Train loop
+    # ===================================================================
+    reporter = reporting.RunReporter(
+        out_dir, steps_per_epoch=plan.sampler.steps_per_epoch, total_steps=plan.total_steps,
+        delta=delta, report_non_dp_statistics=report_non_dp_statistics,
+    )
+    evaluate_epoch = _epoch_evaluation(model, data, ema, ckpt, reporter, eval_batch_size,
+                                       train_eval_examples, report_non_dp_statistics)
+    step, epsilon = _train_loop(
+        dist, step_fn, optimizer, ema, ckpt, ledger, plan, data, reporter, evaluate_epoch,
+        seed=seed, start_step=start_step, log_every_steps=log_every_steps,
+        checkpoint_every=checkpoint_every_steps or plan.steps_per_epoch,
+        physical_batch_size=physical_batch_size, logical_batch_size=logical_batch_size,
+    )
+    if plan.budget_steps < plan.total_steps and step >= plan.budget_steps:
+        _log(f"stopped at step {step}: one more step would exceed the budget "
+                      f"epsilon={target_epsilon} (epsilon now {epsilon:.3f}).")
+
+    # ===================================================================
+    # Export and summary
+    # ===================================================================
+    with open(os.path.join(out_dir, "operative_config.gin"), "w") as f:
+        f.write(gin.operative_config_str())
+    if export_model:
+        _export(model, ema, out_dir)
+    return reporter.summary(
+        epsilon=epsilon, delta=delta, steps=step,
+        noise_multiplier=ledger.noise_multiplier if ledger else 0.0,
+        dataset_size=data.n, validation_size=len(data.validation or []),
+        privacy_guarantee=_guarantee(ledger, plan.key),
+    )
+
+
+# ===========================================================================
+# Stages of `train`.
+# ===========================================================================
+
+
+def _load_data(dataset, data_dir, seed, validation_fraction, dry_run, report_non_dp_statistics):
+    """The splits, N and the preprocessing; a dry run of a catalog dataset loads nothing."""
+    from tfdp import data as data_lib
+    from tfdp.training import reporting
+
+    if dry_run and dataset in data_lib.CATALOG:
+        entry = data_lib.catalog_entry(dataset)
+        n = entry.train_size - data_lib.held_out_count(entry.train_size, validation_fraction)
+        return types.SimpleNamespace(
+            train=n, validation=None, test=None, n=n,
+            info=data_lib.DatasetInfo(dataset, entry.num_classes, entry.image_shape),
+            train_preprocess=None, eval_preprocess=None,
+        )
+    loaded = load_data(dataset, data_dir, seed, validation_fraction)
+    n = len(loaded.train)
+    reporting.data_lines(
+        loaded.notes, n=n, validation_size=len(loaded.validation or []),
+        test_size=len(loaded.test), info=loaded.info, class_counts=loaded.class_counts,
+        report_non_dp_statistics=report_non_dp_statistics,
+    )
+    return types.SimpleNamespace(
+        train=loaded.train, validation=loaded.validation, test=loaded.test, n=n,
+        info=loaded.info, train_preprocess=loaded.train_preprocess,
+        eval_preprocess=loaded.eval_preprocess,
+    )
+
+
+def _privacy_plan(train_source, dist, workdir, dry_run, *, private, sampler, logical_batch_size,
+                  physical_batch_size, epochs, l2_norm_clip, noise_multiplier, target_epsilon,
+                  delta, accountant, insecure_reproducible_seed):
+    """The sampler, the steps, the key and (private runs) the mechanism and ledger."""
+    from tfdp import checkpointing
+    from tfdp import data as data_lib
+    from tfdp import secret_key
+    from tfdp.mechanism import DPSGD
+    from tfdp.training import resume
+
     sampler = data_lib.train_sampler(
-        train_src, sampler=sampler, physical_batch_size=physical_batch_size,
+        train_source, sampler=sampler, physical_batch_size=physical_batch_size,
         logical_batch_size=logical_batch_size,
     )
     total_steps = sampler.steps_for_epochs(epochs)
-    steps_per_epoch = max(1, int(round(sampler.steps_per_epoch)))
-    warmup_steps = min(int(round(warmup_epochs * sampler.steps_per_epoch)), total_steps - 1)
-
-    # ===================================================================
-    # Privacy: the mechanism (C, σ, sampler, accountant, δ and the secret
-    # key). Resuming takes the checkpoint's key, once its privacy record is
-    # this run's; a fresh run draws one from the OS's entropy.
-    # ===================================================================
     requested_key = None
     if insecure_reproducible_seed is not None:
-        requested_key = SecretKey.insecure_from_seed(insecure_reproducible_seed)
-        _log(f"WARNING: {secret_key.INSECURE_WARNING.format(seed=insecure_reproducible_seed)}")
-    previous = None if dry_run else checkpointing.read_latest(os.path.join(workdir, "checkpoints"))
-    key = _agreed_key(dist, requested_key or SecretKey.generate())
+        requested_key = secret_key.SecretKey.insecure_from_seed(insecure_reproducible_seed)
+        _log(
+            f"WARNING: {secret_key.INSECURE_WARNING.format(seed=insecure_reproducible_seed)}")
+    key = resume.agreed_key(dist, requested_key or secret_key.SecretKey.generate())
     mechanism, ledger, budget_steps = None, None, total_steps
     if private:
         mechanism = DPSGD(
@@ -485,26 +441,35 @@ def train(
             delta=delta, accountant=accountant, steps=total_steps, secret_key=key,
         )
         if mechanism.calibrated:
-            _log(f"calibrated noise_multiplier={mechanism.noise_multiplier:.4f} for "
-                 f"epsilon={target_epsilon} at delta={delta} over {total_steps} steps")
-        ledger = mechanism.ledger()
-        budget_steps = mechanism.budget_steps(total_steps)
+            _log(
+                f"calibrated noise_multiplier={mechanism.noise_multiplier:.4f} for "
+                f"epsilon={target_epsilon} at delta={delta} over {total_steps} steps")
+    previous = None if dry_run else checkpointing.read_latest(os.path.join(workdir, "checkpoints"))
     if previous is not None:
-        _check_resume(previous, mechanism, workdir)
+        resume.check_resume(previous, mechanism, workdir)
         if previous[2] is not None:  # Continue the checkpoint's noise and batches.
             key = previous[2]
             mechanism = mechanism.with_secret_key(key) if mechanism is not None else None
+    if mechanism is not None:
+        ledger = mechanism.ledger()
+        budget_steps = mechanism.budget_steps(total_steps)
+    return types.SimpleNamespace(
+        sampler=sampler, total_steps=total_steps, budget_steps=budget_steps,
+        steps_per_epoch=max(1, int(round(sampler.steps_per_epoch))),
+        key=key, mechanism=mechanism, ledger=ledger,
+    )
 
-    # ===================================================================
-    # Model, optimizer and train step
-    # ===================================================================
-    # Variables (model, optimizer, DP accumulators) are created in the
-    # strategy's scope; the step then runs on every replica (tfdp.distribute).
+
+def _build_model(dist, info, model_fn, mixed_precision, init_checkpoint, freeze_sub_blocks,
+                 dry_run):
+    from tfdp import distribute
+
     with dist.scope(), distribute.precision_policy(mixed_precision):
         model = model_fn(num_classes=info.num_classes, input_shape=tuple(info.image_shape))
     if init_checkpoint:
         if dry_run and not os.path.exists(init_checkpoint):
-            _log(f"dry run: init checkpoint {init_checkpoint} not found; a real run loads it")
+            _log(
+                f"dry run: init checkpoint {init_checkpoint} not found; a real run loads it")
         else:
             from tfdp import models
 
@@ -515,34 +480,47 @@ def train(
 
         models.freeze_sub_blocks(model, freeze_sub_blocks)
         _log(f"froze the first {freeze_sub_blocks} of {models.FREEZABLE_SUB_BLOCKS}")
-    with dist.scope():
-        schedule = _make_schedule(lr_schedule, base_lr, logical_batch_size, total_steps, warmup_steps)
-        optimizer = (optimizer_fn or optim.make_optimizer)(learning_rate=schedule)
-        if private:
-            step_fn = dp.PrivateTrainStep(
-                model, optimizer, _per_example_loss, mechanism=mechanism,
-                method=clipping_method, weight_decay=weight_decay, seed=seed,
-                jit_compile=jit_compile, augmentation_multiplicity=augmentation_multiplicity,
-            )
-        else:
-            step_fn = dp.NonPrivateTrainStep(
-                model, optimizer, _per_example_loss,
-                expected_batch_size=sampler.expected_batch_size,
-                weight_decay=weight_decay, seed=seed, jit_compile=jit_compile,
-            )
+    return model
 
-    ema = optim.ParameterEMA(model.trainable_variables, ema_decay) if ema_decay else None
-    if dry_run:
-        return _dry_run(model, step_fn, info, sampler, total_steps, ledger, physical_batch_size,
-                        clipping_method if private else None)
 
-    # ===================================================================
-    # Resume. Order: weights, optimizer state (its iteration count is the
-    # step), the ledger (its configuration was checked above), then the data
-    # position, which is that step: batches are a pure function of (key, step).
-    # ===================================================================
+def _default_optimizer():
+    from tfdp import optim
+
+    return optim.make_optimizer
+
+
+def _make_step(model, optimizer, plan, *, method, weight_decay, seed, jit_compile,
+               augmentation_multiplicity):
+    from tfdp import dp
+    from tfdp.training import evaluation
+
+    if plan.mechanism is not None:
+        return dp.PrivateTrainStep(
+            model, optimizer, evaluation.per_example_loss, mechanism=plan.mechanism,
+            method=method, weight_decay=weight_decay, seed=seed, jit_compile=jit_compile,
+            augmentation_multiplicity=augmentation_multiplicity,
+        )
+    return dp.NonPrivateTrainStep(
+        model, optimizer, evaluation.per_example_loss,
+        expected_batch_size=plan.sampler.expected_batch_size,
+        weight_decay=weight_decay, seed=seed, jit_compile=jit_compile,
+    )
+
+
+def _make_ema(model, ema_decay):
+    from tfdp import optim
+
+    return optim.ParameterEMA(model.trainable_variables, ema_decay) if ema_decay else None
+
+
+def _restore(workdir, dist, model, optimizer, ema, plan):
+    """(checkpoint, start step, ledger): the latest checkpoint's, or fresh."""
+    from tfdp import checkpointing
+    from tfdp import distribute
+    from tfdp import privacy
+
     ckpt = checkpointing.RunCheckpoint(
-        os.path.join(workdir, "checkpoints"), model, optimizer, ema=ema, secret_key=key
+        os.path.join(workdir, "checkpoints"), model, optimizer, ema=ema, secret_key=plan.key
     )
     restored = ckpt.restore()
     if not distribute.is_chief(dist):
@@ -552,6 +530,7 @@ def train(
             distribute.checkpoint_dir(dist, ckpt.directory), model, optimizer, ema=ema
         )
     start_step = int(optimizer.iterations.numpy())
+    ledger = plan.ledger
     if restored is not None and ledger is not None:
         saved = privacy.PrivacyLedger.from_dict(restored)
         if saved.steps != start_step:
@@ -562,121 +541,109 @@ def train(
         ledger = saved
     if start_step:
         _log(f"resumed from {ckpt.latest} at step {start_step}")
+    return ckpt, start_step, ledger
 
-    with open(os.path.join(out_dir, "config.gin"), "w") as f:
-        f.write(gin.config_str())
-    if private:
-        _log(str(dp.plan(model, info.image_shape, physical_batch_size, clipping_method)))
-    _log(
-        f"dataset={dataset} N={n} sampler={sampler.name} q={sampler.sampling_rate:.5f} "
-        f"logical_batch={logical_batch_size} physical_batch={physical_batch_size} "
-        f"steps={total_steps} ({steps_per_epoch}/epoch) params={model.count_params()}"
-    )
+
+def _log_run_plan(model, data, plan, dataset, clipping_method, physical_batch_size,
+                  target_epsilon):
+    from tfdp import dp
+
+    sampler, mechanism = plan.sampler, plan.mechanism
     if mechanism is not None:
-        _log(
-            f"privacy: sigma={mechanism.noise_multiplier:.4f} C={l2_norm_clip} delta={delta} "
-            f"accountant={accountant} sampler={sampler.name} "
-            f"(amplified: {sampler.amplified}); planned epsilon="
-            f"{mechanism.epsilon(total_steps):.3f}"
-        )
-        if budget_steps < total_steps:
-            _log(f"privacy budget epsilon={target_epsilon} allows {budget_steps} of "
-                 f"{total_steps} steps; training will stop there.")
+        _log(str(dp.plan(model, data.info.image_shape, physical_batch_size,
+                                  clipping_method)))
+    _log(
+        f"dataset={dataset} N={data.n} sampler={sampler.name} q={sampler.sampling_rate:.5f} "
+        f"logical_batch={sampler.logical_batch_size} physical_batch={physical_batch_size} "
+        f"steps={plan.total_steps} ({plan.steps_per_epoch}/epoch) params={model.count_params()}"
+    )
+    if mechanism is None:
+        return
+    _log(
+        f"privacy: sigma={mechanism.noise_multiplier:.4f} C={mechanism.l2_norm_clip} "
+        f"delta={mechanism.delta} accountant={mechanism.accountant} sampler={sampler.name} "
+        f"(amplified: {sampler.amplified}); planned epsilon="
+        f"{mechanism.epsilon(plan.total_steps):.3f}"
+    )
+    if plan.budget_steps < plan.total_steps:
+        _log(f"privacy budget epsilon={target_epsilon} allows {plan.budget_steps} of "
+                      f"{plan.total_steps} steps; training will stop there.")
 
-    # ===================================================================
-    # Train loop
-    # ===================================================================
-    evaluate = _evaluator(model, info.num_classes)
-    # Undecodable images are skipped (weight 0, no gradient) and counted.
-    train_decode_stats, eval_decode_stats = data_lib.DecodeStats(), data_lib.DecodeStats()
-    test_ds = data_lib.make_eval_pipeline(test_src, eval_batch_size, preprocess_fn=eval_pre,
-                                          decode_stats=eval_decode_stats)
-    validation_ds = None if validation_src is None else data_lib.make_eval_pipeline(
-        validation_src, eval_batch_size, preprocess_fn=eval_pre,
-        decode_stats=data_lib.DecodeStats())
+
+def _epoch_evaluation(model, data, ema, ckpt, reporter, eval_batch_size, train_eval_examples,
+                      report_non_dp_statistics):
+    """`(step, epsilon, skipped_train) -> None`: evaluates and reports."""
+    import numpy as np
+
+    from tfdp import data as data_lib
+    from tfdp.training import evaluation
+    from tfdp.training import guards
+
+    evaluate = evaluation.make_evaluator(model, data.info.num_classes)
+    test_stats = data_lib.DecodeStats()
+
+    def pipeline(source, stats=None):
+        return data_lib.make_eval_pipeline(source, eval_batch_size,
+                                           preprocess_fn=data.eval_preprocess,
+                                           decode_stats=stats or data_lib.DecodeStats())
+
+    test_ds = pipeline(data.test, test_stats)
+    validation_ds = None if data.validation is None else pipeline(data.validation)
     train_eval_ds = None
     if report_non_dp_statistics:
-        train_eval_src = train_src
-        if getattr(train_src, "random_access", False) and len(train_src) > train_eval_examples:
+        train_eval_src = data.train
+        if getattr(data.train, "random_access", False) and len(data.train) > train_eval_examples:
             # Evenly spaced: folder data is ordered by class.
-            every = np.linspace(0, len(train_src) - 1, train_eval_examples).round().astype(np.int64)
-            train_eval_src = data_lib.validation.subset(train_src, every)
-        train_eval_ds = data_lib.make_eval_pipeline(
-            train_eval_src, eval_batch_size, preprocess_fn=eval_pre,
-            decode_stats=data_lib.DecodeStats(),
+            every = np.linspace(0, len(data.train) - 1, train_eval_examples)
+            train_eval_src = data_lib.validation.subset(data.train, every.round().astype(np.int64))
+        train_eval_ds = pipeline(train_eval_src)
+
+    def evaluate_epoch(step, epsilon, skipped_train):
+        test_stats.reset()
+        with ema.swapped() if ema is not None else contextlib.nullcontext():
+            test = evaluate(test_ds)
+            validation = None if validation_ds is None else evaluate(validation_ds)
+            train = None if train_eval_ds is None else evaluate(train_eval_ds)
+        watched, which = (train, "training") if train is not None else (test, "test")
+        guards.check_loss_is_finite(watched["loss"], step, ckpt, which)
+        reporter.evaluation(
+            step, epsilon=epsilon, test=test, validation=validation, train=train,
+            skipped_test=test_stats.value(),
+            skipped_train=skipped_train if report_non_dp_statistics else None,
         )
-    writer = tf.summary.create_file_writer(os.path.join(out_dir, "tensorboard"))
-    checkpoint_every = checkpoint_every_steps or steps_per_epoch
-    end_step = budget_steps
+
+    return evaluate_epoch
+
+
+def _train_loop(dist, step_fn, optimizer, ema, ckpt, ledger, plan, data, reporter,
+                evaluate_epoch, *, seed, start_step, log_every_steps, checkpoint_every,
+                physical_batch_size, logical_batch_size):
+    """Runs the logical steps; returns (the last step, ε)."""
+    import keras
+    import numpy as np
+
+    from tfdp import data as data_lib
+    from tfdp import distribute
+    from tfdp import dp
+    from tfdp.training import guards
+
+    end_step = plan.budget_steps
+    # Undecodable training images are skipped (weight 0, no gradient) and counted.
+    train_decode_stats = data_lib.DecodeStats()
     # Each worker builds its share; each replica gets P / R of every batch.
-    pipeline = distribute.distribute_train_pipeline(dist, lambda **per_worker: data_lib.make_train_pipeline(
-        train_src, sampler=sampler, num_steps=end_step, start_step=min(start_step, end_step),
-        seed=seed, sampling_key=key.derive("sampling"), preprocess_fn=train_pre,
-        decode_stats=train_decode_stats, **per_worker,
-    ), physical_batch_size)
+    pipeline = distribute.distribute_train_pipeline(dist, lambda **per_worker: (
+        data_lib.make_train_pipeline(
+            data.train, sampler=plan.sampler, num_steps=end_step,
+            start_step=min(start_step, end_step), seed=seed,
+            sampling_key=plan.key.derive("sampling"), preprocess_fn=data.train_preprocess,
+            decode_stats=train_decode_stats, **per_worker,
+        )), physical_batch_size)
     step = start_step
     epsilon = ledger.epsilon() if ledger is not None else math.inf
-    metrics, non_dp_metrics = {}, {}
-    t_start = t_log = time.time()
+    evaluated_at = None
+    t_log = time.time()
     examples_since_log = 0
     counted = (0.0, 0.0)
-
-    def end_of_epoch(step):
-        nonlocal metrics, non_dp_metrics
-        eval_decode_stats.reset()
-        with ema.swapped() if ema is not None else contextlib.nullcontext():
-            validation_metrics = {} if validation_ds is None else evaluate(validation_ds)
-            test_metrics = evaluate(test_ds)
-            train_metrics = evaluate(train_eval_ds) if train_eval_ds is not None else None
-        watched = train_metrics or test_metrics
-        if not math.isfinite(watched["loss"]):
-            raise FloatingPointError(
-                f"The {'training' if train_metrics else 'test'} loss is {watched['loss']} at "
-                f"step {step}: stopping. {_kept_checkpoint(ckpt)}; lower the "
-                "learning rate or check the input data."
-            )
-        metrics = {"test_" + k: v for k, v in test_metrics.items()}
-        metrics["epsilon"] = epsilon
-        skipped_eval = eval_decode_stats.value()
-        with writer.as_default(step=step):
-            for k, v in test_metrics.items():
-                tf.summary.scalar(f"test/{k}", v)
-            if math.isfinite(epsilon):
-                tf.summary.scalar("privacy/epsilon", epsilon)
-            tf.summary.scalar("test/skipped_undecodable", skipped_eval)
-        line = (
-            f"epoch {step / sampler.steps_per_epoch:5.2f} step {step}/{total_steps}: "
-            f"test_acc={test_metrics['accuracy']:.4f} test_loss={test_metrics['loss']:.4f} "
-            f"epsilon={epsilon:.3f} (delta={delta}) [{time.time() - t_start:.0f}s]"
-        )
-        # The validation split is private data held out from training: its
-        # figures are released without noise too, and always reported when
-        # asked for, since tuning needs them.
-        non_dp = {"validation_" + k: v for k, v in validation_metrics.items()}
-        if train_metrics is not None:
-            non_dp.update({"train_" + k: v for k, v in train_metrics.items()})
-            non_dp["skipped_undecodable_train"] = train_decode_stats.value()
-        if non_dp:
-            non_dp_metrics.update(non_dp)
-            _write_non_dp(step, non_dp)
-            shown = [f"val_acc={validation_metrics['accuracy']:.4f}"] if validation_metrics else []
-            if train_metrics is not None:
-                shown += [f"train_loss={train_metrics['loss']:.4f}",
-                          f"train_acc={train_metrics['accuracy']:.4f}"]
-            line += f" | {NOT_COVERED}: " + " ".join(shown)
-        _log(line)
-        if skipped_eval:
-            _log(f"  warning: skipped {skipped_eval} undecodable test images in this evaluation")
-        if non_dp_metrics.get("skipped_undecodable_train"):
-            _log(f"  warning ({NOT_COVERED}): skipped "
-                 f"{non_dp_metrics['skipped_undecodable_train']} undecodable training images "
-                 "so far (weight 0: no gradient)")
-
-    def _write_non_dp(step, values):
-        with writer.as_default(step=step):
-            for k, v in values.items():
-                if math.isfinite(v):
-                    tf.summary.scalar(f"{NON_DP_TAG_PREFIX}{k}", v)
 
     def count_examples(images):
         nonlocal examples_since_log
@@ -684,84 +651,47 @@ def train(
 
     def check_finite():
         nonlocal counted
-        counted = _check_step_is_finite(step_fn, step, ckpt, counted)
+        counted = guards.check_step_is_finite(step_fn, step, ckpt, counted)
 
     logical_steps = dp.run_logical_steps(
         step_fn, pipeline, is_last=lambda last: distribute.is_last(dist, last),
         before_apply=check_finite, on_batch=count_examples,
     )
-    for _ in _out_of_memory_as_error(logical_steps, physical_batch_size, logical_batch_size):
+    for _ in guards.out_of_memory_as_error(logical_steps, physical_batch_size,
+                                           logical_batch_size):
         if ema is not None:
             ema.update()
         step += 1
+        epoch_end = step % plan.steps_per_epoch == 0 or step == end_step
         if ledger is not None:
             ledger.record_step()
-            epsilon = ledger.epsilon() if step % steps_per_epoch == 0 or step == end_step else epsilon
+            epsilon = ledger.epsilon() if epoch_end else epsilon
         if step % log_every_steps == 0:
             stats = step_fn.pop_stats()
             counted = (0.0, 0.0)
             now = time.time()
-            lr = float(np.asarray(keras.ops.convert_to_numpy(optimizer.learning_rate)))
-            line = (f"  step {step}/{total_steps} lr={lr:.4g} "
-                    f"{examples_since_log / max(now - t_log, 1e-9):.0f} ex/s")
-            with writer.as_default(step=step):
-                tf.summary.scalar("learning_rate", lr)
-            if report_non_dp_statistics:
-                line += (f" | {NOT_COVERED}: grad_norm={stats['mean_grad_norm']:.3f} "
-                         f"clipped={stats['clipped_fraction']:.0%}")
-                _write_non_dp(step, {k: stats[k] for k in
-                                     ("mean_grad_norm", "clipped_fraction", "nonfinite")})
-            _log(line)
-            if report_non_dp_statistics and stats["nonfinite"]:
-                _log(f"  warning ({NOT_COVERED}): {stats['nonfinite']:.0f} examples had "
-                     "non-finite gradients and were dropped from their steps")
+            reporter.progress(
+                step, stats=stats,
+                learning_rate=float(np.asarray(keras.ops.convert_to_numpy(optimizer.learning_rate))),
+                examples_per_second=examples_since_log / max(now - t_log, 1e-9),
+            )
             t_log, examples_since_log = now, 0
-        if step % steps_per_epoch == 0 or step == end_step:
-            end_of_epoch(step)
+        if epoch_end:
+            evaluate_epoch(step, epsilon, train_decode_stats.value())
+            evaluated_at = step
         if step % checkpoint_every == 0 or step == end_step:
             ckpt.save(step, ledger)
-    if step > start_step and not metrics:
-        end_of_epoch(step)
-    if not metrics:  # Nothing left to train: report the restored model.
-        end_of_epoch(step)
-    if budget_steps < total_steps and step >= budget_steps:
-        _log(f"stopped at step {step}: one more step would exceed the budget "
-             f"epsilon={target_epsilon} (epsilon now {epsilon:.3f}).")
+    if evaluated_at != step:  # Nothing trained (or not since the last report).
+        evaluate_epoch(step, epsilon, train_decode_stats.value())
+    return step, epsilon
 
-    # ===================================================================
-    # Summary
-    # ===================================================================
-    with open(os.path.join(out_dir, "operative_config.gin"), "w") as f:
-        f.write(gin.operative_config_str())
-    if export_model:
-        if ema is not None:
-            ema.copy_to_parameters()
-        model.save(os.path.join(out_dir, "model.keras"))
-        model.export(os.path.join(out_dir, "saved_model"), verbose=False)
-        _log(f"exported {os.path.join(out_dir, 'model.keras')} and {out_dir}/saved_model")
-    summary = {
-        "test_accuracy": metrics["test_accuracy"], "epsilon": epsilon, "delta": delta,
-        "steps": step, "noise_multiplier": ledger.noise_multiplier if ledger else 0.0,
-        "dataset_size": n, "validation_size": len(validation_src or []),
-        "wall_time_s": time.time() - t_start,
-        "privacy_guarantee": _guarantee(ledger, key),
-    }
-    if report_non_dp_statistics:
-        non_dp_metrics["skipped_undecodable_train"] = train_decode_stats.value()
-    if non_dp_metrics:
-        summary["not_covered_by_epsilon"] = non_dp_metrics
-    with open(os.path.join(out_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    writer.flush()
-    if validation_src is not None:
-        _log(f"final: validation_accuracy={non_dp_metrics['validation_accuracy']:.4f} "
-             f"(N={summary['validation_size']}, held out from training, {NOT_COVERED}; "
-             "tune on this)")
-    _log(
-        f"final: test_accuracy={summary['test_accuracy']:.4f} epsilon={epsilon:.4f} "
-        f"delta={delta:g} steps={step}"
-    )
-    return summary
+
+def _export(model, ema, out_dir):
+    if ema is not None:
+        ema.copy_to_parameters()
+    model.save(os.path.join(out_dir, "model.keras"))
+    model.export(os.path.join(out_dir, "saved_model"), verbose=False)
+    _log(f"exported {os.path.join(out_dir, 'model.keras')} and {out_dir}/saved_model")
 
 
 def _quiet_startup_noise():

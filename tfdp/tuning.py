@@ -69,7 +69,7 @@ def report(summaries, selected):
     best = summaries[selected]
     lines.append(
         f"selected by validation accuracy: {selected} "
-        f"(validation_accuracy={best['validation_accuracy']:.4f}); "
+        f"(validation_accuracy={validation_accuracy(best):.4f}); "
         f"final test_accuracy={best['test_accuracy']:.4f} epsilon={best['epsilon']:.3f}"
     )
     return lines

@@ -21,7 +21,6 @@ import numbers
 import warnings
 
 from absl import logging as absl_logging
-import dp_accounting
 from dp_accounting import pld as dp_pld
 from dp_accounting import rdp as dp_rdp
 from dp_accounting.rdp import rdp_privacy_accountant
