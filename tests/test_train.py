@@ -83,6 +83,33 @@ class TrainTest(tf.test.TestCase):
         self.assertIn("one more step would exceed the budget", result.stdout)
         self.assertGreater(int(match["steps"]), 0)
 
+    def test_each_sampler_is_accounted_for_what_it_does(self):
+        # Shuffle batches get the bound that holds for any order (one
+        # Gaussian mechanism per pass), never Poisson's amplification.
+        from tfdp import privacy
+
+        n, b, sigma = 1437, 128, 1.0
+        for sampler, expected_steps in (("poisson", 23), ("shuffle", 22)):
+            with self.subTest(sampler=sampler):
+                result = run_train(
+                    *QUICK, f"--gin_param=train.sampler = '{sampler}'",
+                    f"--gin_param=train.noise_multiplier = {sigma}",
+                    "--gin_param=train.target_epsilon = None",
+                    "--gin_param=train.export_model = False",
+                    workdir=self.create_tempdir().full_path,
+                )
+                self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+                self.assertIn(f"sampler={sampler}", result.stdout)
+                match = FINAL.search(result.stdout)
+                self.assertEqual(int(match["steps"]), expected_steps)
+                expected = privacy.epsilon(sigma, expected_steps, 1e-5, dataset_size=n,
+                                           batch_size=b, sampling=sampler)
+                self.assertAllClose(float(match["eps"]), expected, rtol=1e-4)
+        # The two differ: the shuffle run claimed no amplification.
+        self.assertGreater(privacy.epsilon(sigma, 22, 1e-5, dataset_size=n, batch_size=b,
+                                           sampling="shuffle"),
+                           1.5 * privacy.epsilon(sigma, 23, 1e-5, dataset_size=n, batch_size=b))
+
     def test_bad_inputs_give_one_line_errors(self):
         cases = {
             "train.l2_norm_clip = 0.0": "l2_norm_clip",

@@ -15,6 +15,7 @@ one, so no route can wire these values differently.
 Imports no TensorFlow until the aggregator is asked for.
 """
 
+import copy
 import math
 
 from tfdp import samplers
@@ -214,8 +215,7 @@ class DPSGD:
 
     def with_secret_key(self, secret_key):
         """The same contract with another key (e.g. a checkpoint's, to resume)."""
-        other = object.__new__(DPSGD)
-        other.__dict__.update(self.__dict__)
+        other = copy.copy(self)
         other.secret_key = secret_key_lib.SecretKey.resolve(secret_key)
         return other
 

@@ -11,10 +11,11 @@ Under a tf.distribute strategy (build the step inside `strategy.scope()`):
   accumulators are ON_READ/SUM variables, local to each replica (a read in
   cross-replica context, e.g. a checkpoint, sees the sum over replicas);
 - at `apply()` each replica hands the optimizer
-  `(local_sum + noise / R) / B`, where `noise` ~ N(0, (σC)²) is drawn from
-  the stateless seed `step_seed(noise_key, optimizer.iterations)`, so it is
-  the SAME tensor on every replica (`noise / R` is drawn directly with std σC/R from
-  the same uniforms), R = `num_replicas_in_sync` and B the global expected
+  `(local_sum + noise / R) / B` (`tfdp.dp.NoisyAggregator`, shared with the
+  Keras `DPOptimizer`), where `noise` ~ N(0, (σC)²) is drawn from the
+  stateless seed `step_seed(noise_key, optimizer.iterations)`, so it is the
+  SAME tensor on every replica (`noise / R` is drawn directly with std σC/R
+  from the same words), R = `num_replicas_in_sync` and B the global expected
   logical batch size;
 - Keras 3's optimizer, called in replica context, all-reduces the gradients
   with a SUM before updating (`TFOptimizer._all_reduce_sum_gradients` in
