@@ -287,6 +287,7 @@ def train(
     epochs=10.0,
     logical_batch_size=256,
     physical_batch_size=None,
+    pad_granule="auto",
     sampler="poisson",
     private=True,
     l2_norm_clip=1.0,
@@ -340,6 +341,11 @@ def train(
             examples per noisy update. Defaults to 256.
         physical_batch_size: int. Examples per accelerator pass; virtual
             steps make up the logical batch. Defaults to the logical batch.
+        pad_granule: int, "auto" or None. Poisson steps are padded to a
+            multiple of this divisor of the physical batch only, their last
+            physical batch being shorter (`tfdp.data.make_train_pipeline`);
+            None pads to whole physical batches. With several replicas the
+            physical batches stay whole. Defaults to "auto" (P / 8).
         sampler: str. "poisson" (amplified by sampling) or "shuffle"
             (fixed-size batches, each example once per pass, accounted for
             any order without amplification); see `tfdp.samplers`. Defaults
@@ -612,7 +618,8 @@ def train(
     pipeline = distribute.distribute_train_pipeline(dist, lambda **per_worker: data_lib.make_train_pipeline(
         train_src, sampler=sampler, num_steps=end_step, start_step=min(start_step, end_step),
         seed=seed, sampling_key=key.derive("sampling"), preprocess_fn=train_pre,
-        decode_stats=train_decode_stats, **per_worker,
+        decode_stats=train_decode_stats,
+        pad_granule=pad_granule if dist.num_replicas_in_sync == 1 else None, **per_worker,
     ), physical_batch_size)
     step = start_step
     epsilon = ledger.epsilon() if ledger is not None else math.inf
