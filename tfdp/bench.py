@@ -528,12 +528,13 @@ def _search(args, method, jit, log):
         start=args.batch_size, max_batch=args.max_batch_size,
         budget_mb=args.memory_budget_mb, refine=args.search_refine,
     )
-    result.update(method=method, jit_compile=jit)
+    result.update(method=method, jit_compile=jit, model=args.model,
+                  image_size=args.image_size, budget_mb=args.memory_budget_mb)
     if result["max_batch_size"] is None:
         leaner = _LEANER_METHOD.get(method)
         result["error"] = (
-            f"{method} does not fit {args.memory_budget_mb:.0f} MiB even at batch "
-            f"{args.batch_size} ({result['reason']}): try a smaller --batch_size"
+            f"{method}: no batch from {args.batch_size} up was measured within "
+            f"{args.memory_budget_mb:.0f} MiB ({result['reason']}); try a smaller --batch_size"
             + (f" or --methods={leaner}" if leaner else "")
         )
         log(f"[tfdp.bench] {result['error']}")
@@ -541,24 +542,31 @@ def _search(args, method, jit, log):
 
 
 def format_search_table(results, budget_mb):
-    """A text table of `_search` results, with each batch against non-private's."""
-    base = {r["jit_compile"]: r.get("max_batch_size") for r in results
+    """A text table of `_search` results, each batch against non-private's.
+
+    Rows may come from several models (`results[i]["model"]`); step times
+    are of one step at the row's largest batch, after its trace.
+    """
+    base = {(r.get("model"), r["jit_compile"]): r.get("max_batch_size") for r in results
             if r["method"] == "nonprivate"}
-    header = (f"{'method':<11} {'xla':<4} {'max batch':>9} {'x nonpriv':>9} {'peak MiB':>9} "
-              f"{'step ms':>8}  stopped by")
+    header = (f"{'model':<13} {'method':<11} {'xla':<4} {'max batch':>9} {'x nonpriv':>9} "
+              f"{'peak MiB':>9} {'step ms':>8} {'ms/ex':>6}  stopped by")
     lines = [f"largest physical batch within {budget_mb:.0f} MiB", header, "-" * len(header)]
     for r in results:
-        xla = "on" if r["jit_compile"] else "off"
+        head = f"{str(r.get('model', '-')):<13} {r['method']:<11} " \
+               f"{'on' if r['jit_compile'] else 'off':<4}"
         if r.get("max_batch_size") is None:
-            lines.append(f"{r['method']:<11} {xla:<4} {'none':>9}  {r.get('error', '')}")
+            lines.append(f"{head} {'none':>9}  {r.get('error', '')}")
             continue
-        b = base.get(r["jit_compile"])
+        b = base.get((r.get("model"), r["jit_compile"]))
         ratio = f"{r['max_batch_size'] / b:8.2f}x" if b else f"{'-':>9}"
-        ms = "-" if r.get("step_time_s") is None else f"{r['step_time_s'] * 1e3:.1f}"
+        t = r.get("step_time_s")
+        ms = "-" if t is None else f"{t * 1e3:.1f}"
+        per = "-" if t is None else f"{t * 1e3 / r['max_batch_size']:.2f}"
         stop = ("--max_batch_size" if r["capped"] else
                 f"{r['reason']} at {r['first_failure']}" if r["first_failure"] else "-")
-        lines.append(f"{r['method']:<11} {xla:<4} {r['max_batch_size']:>9} {ratio} "
-                     f"{r['peak_mb']:>9.0f} {ms:>8}  {stop}")
+        lines.append(f"{head} {r['max_batch_size']:>9} {ratio} {r['peak_mb']:>9.0f} "
+                     f"{ms:>8} {per:>6}  {stop}")
     return "\n".join(lines)
 
 
