@@ -60,6 +60,57 @@ class BenchCliTest(absltest.TestCase):
         self.assertIn("bk", table)
         self.assertIn("ERROR", table)
 
+    def test_budget_search_finds_the_largest_fitting_batch(self):
+        # A stubbed child: peak = 100 + 3 MiB per example, out of memory from
+        # 400 on; it stops at the first batch that does not fit, as the real
+        # child does.
+        calls, budget = [], [500.0]
+
+        def probe(batches):
+            calls.append(list(batches))
+            results = []
+            for b in batches:
+                if b >= 400:
+                    results.append({"batch_size": b, "error": "out_of_memory"})
+                    break
+                results.append({"batch_size": b, "peak_mb": 100.0 + 3 * b})
+                if 100.0 + 3 * b > budget[0]:
+                    break
+            return results, None
+
+        found = bench.search_largest_batch(probe, start=8, max_batch=4096, budget_mb=500,
+                                           refine=10)
+        self.assertEqual(found["max_batch_size"], 133)  # 100 + 3 * 133 = 499
+        self.assertEqual(found["first_failure"], 134)
+        self.assertFalse(found["capped"])
+        self.assertEqual(calls[0][:6], [8, 16, 32, 64, 128, 256])
+        # Out of memory before the budget is reached.
+        budget[0] = 1e6
+        found = bench.search_largest_batch(probe, start=8, max_batch=4096, budget_mb=1e6,
+                                           refine=0)
+        self.assertEqual(found["max_batch_size"], 256)
+        self.assertEqual((found["first_failure"], found["reason"]), (512, "out of memory"))
+        # A child killed mid-search: the batch after the last reported fails.
+        killed = bench.search_largest_batch(
+            lambda batches: ([{"batch_size": 8, "peak_mb": 10.0}], "killed"),
+            start=8, max_batch=64, budget_mb=1e6, refine=0)
+        self.assertEqual((killed["max_batch_size"], killed["first_failure"]), (8, 16))
+        self.assertEqual(killed["reason"], "killed")
+        table = bench.format_search_table(
+            [dict(found, method="nonprivate", jit_compile=False),
+             dict(found, method="bk", jit_compile=False, max_batch_size=128)], 1e6)
+        self.assertIn("0.50x", table)
+
+    def test_failures_name_a_smaller_batch_or_another_method(self):
+        killed = bench.failure_message("vectorized", 64, returncode=-9)
+        self.assertIn("OOM killer", killed)
+        self.assertIn("--batch_size=32", killed)
+        self.assertIn("--methods=bk", killed)
+        oom = bench.failure_message("ghost", 16, out_of_memory=True)
+        self.assertIn("accelerator memory", oom)
+        self.assertIn("--methods=mixed", oom)
+        self.assertIn("--timeout", bench.failure_message("bk", 8, timeout=10.0))
+
     def test_rejects_unknown_method(self):
         with self.assertRaises(SystemExit):
             bench.main(["--methods=nonprivate,bogus"])

@@ -12,6 +12,17 @@ measured right after the model and train step were built is reported too.
 A step is a full train step: forward, (clipped) gradient sum, noise and the
 optimizer update, i.e. `PrivateTrainStep.accumulate` + `apply` with one
 physical batch per logical step (`NonPrivateTrainStep` for "nonprivate").
+
+With `--memory_budget_mb=M` the bench instead searches, for every method,
+the largest physical batch whose peak memory fits in M MiB: the
+accelerator's peak (`tf.config.experimental.get_memory_info`) when there is
+one, else the child's peak RSS. Batches double from `--batch_size` in one
+child until one does not fit (over budget, out of memory or killed), then
+`--search_refine` bisection steps, each in a fresh child, narrow the gap.
+
+A child that fails (killed by the OOM killer, out of accelerator memory,
+timed out) is reported with a message naming a smaller batch or another
+method, never silently.
 """
 
 import argparse
@@ -62,10 +73,25 @@ def _parse_args(argv):
         "--timeout", type=float, default=1800.0,
         help="Seconds allowed to each subprocess.",
     )
+    parser.add_argument(
+        "--memory_budget_mb", type=float, default=None,
+        help="Search each method's largest physical batch whose peak memory (accelerator "
+        "peak, else peak RSS) fits in this many MiB, instead of timing --batch_size.",
+    )
+    parser.add_argument(
+        "--max_batch_size", type=int, default=4096,
+        help="Largest batch the --memory_budget_mb search tries.",
+    )
+    parser.add_argument(
+        "--search_refine", type=int, default=2,
+        help="Bisection steps (one child each) after the doubling phase of the search; "
+        "0 reports the largest fitting power-of-two multiple of --batch_size.",
+    )
     parser.add_argument("--json", action="store_true", help="Print a JSON list.")
     # Internal: run one measurement in this process.
     parser.add_argument("--child_method", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child_jit", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--child_batches", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in ALL_METHODS]
@@ -74,6 +100,10 @@ def _parse_args(argv):
     args.method_list = methods
     if args.steps < 1 or args.warmup < 0 or args.repeats < 1 or args.virtual_steps < 1:
         parser.error("--steps, --repeats and --virtual_steps must be >= 1 and --warmup >= 0")
+    if args.batch_size < 1 or args.max_batch_size < args.batch_size or args.search_refine < 0:
+        parser.error("need 1 <= --batch_size <= --max_batch_size and --search_refine >= 0")
+    if args.memory_budget_mb is not None and args.memory_budget_mb <= 0:
+        parser.error("--memory_budget_mb must be > 0")
     return args
 
 
@@ -107,13 +137,11 @@ def build_model(name, image_size, channels, num_classes):
     return getattr(models, name)(num_classes=num_classes, input_shape=shape)
 
 
-def _run_child(args):
-    """Measures one method in this process; prints one marked JSON line."""
+def _build_step(args):
+    """The model and its (private or non-private) train step for `args`."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     import keras
-    import numpy as np
-    import tensorflow as tf
 
     from tfdp import dp
     from tfdp.mechanism import DPSGD
@@ -139,15 +167,22 @@ def _run_child(args):
             model, optimizer, loss_fn, mechanism=mechanism, method=method,
             weight_decay=args.weight_decay, jit_compile=jit,
         )
-    rng = np.random.default_rng(0)
-    shape = (args.batch_size, args.image_size, args.image_size, args.channels)
-    x = tf.constant(rng.normal(size=shape).astype(np.float32))
-    y = tf.constant(rng.integers(0, args.num_classes, size=(args.batch_size,)), tf.int32)
-    w = tf.ones([args.batch_size], tf.float32)
-    probe = step.variables[0]
-    baseline_rss = _current_rss_mb()
-    baseline_peak = _peak_rss_mb()
+    return model, step
 
+
+def _step_runner(args, step, batch_size):
+    """A function running one logical step of `virtual_steps` batches of `batch_size`."""
+    import numpy as np
+    import tensorflow as tf
+
+    from tfdp import dp
+
+    rng = np.random.default_rng(0)
+    shape = (batch_size, args.image_size, args.image_size, args.channels)
+    x = tf.constant(rng.normal(size=shape).astype(np.float32))
+    y = tf.constant(rng.integers(0, args.num_classes, size=(batch_size,)), tf.int32)
+    w = tf.ones([batch_size], tf.float32)
+    probe = step.variables[0]
     # One logical step: `virtual_steps` physical batches, the last one marked.
     logical_step = [(x, y, w, i == args.virtual_steps - 1) for i in range(args.virtual_steps)]
 
@@ -156,23 +191,55 @@ def _run_child(args):
             pass
         probe.numpy()  # Waits for the step to finish.
 
-    t0 = time.perf_counter()
-    one_step()  # Traces (and compiles with XLA).
-    first_step_s = time.perf_counter() - t0
-    for _ in range(max(args.warmup - 1, 0)):
-        one_step()
-    times, cpu_times = [], []
-    for _ in range(args.steps):
-        c0 = time.process_time()
+    return one_step
+
+
+def _accelerator():
+    """The first GPU/TPU device name for `get_memory_info`, or None on CPU."""
+    import tensorflow as tf
+
+    for kind in ("GPU", "TPU"):
+        if tf.config.list_logical_devices(kind):
+            return f"{kind}:0"
+    return None
+
+
+def _run_child(args):
+    """Measures one method in this process; prints one marked JSON line."""
+    if args.child_batches:
+        return _run_search_child(args)
+    import numpy as np
+    import tensorflow as tf
+
+    method = args.child_method
+    jit = args.child_jit == "on"
+    try:
+        model, step = _build_step(args)
+        one_step = _step_runner(args, step, args.batch_size)
+        baseline_rss = _current_rss_mb()
+        baseline_peak = _peak_rss_mb()
         t0 = time.perf_counter()
-        one_step()
-        times.append(time.perf_counter() - t0)
-        cpu_times.append(time.process_time() - c0)
+        one_step()  # Traces (and compiles with XLA).
+        first_step_s = time.perf_counter() - t0
+        for _ in range(max(args.warmup - 1, 0)):
+            one_step()
+        times, cpu_times = [], []
+        for _ in range(args.steps):
+            c0 = time.process_time()
+            t0 = time.perf_counter()
+            one_step()
+            times.append(time.perf_counter() - t0)
+            cpu_times.append(time.process_time() - c0)
+    except tf.errors.ResourceExhaustedError:
+        _emit({"method": method, "jit_compile": jit, "batch_size": args.batch_size,
+               "error": "out_of_memory"})
+        return 3
     peak = _peak_rss_mb()
     result = {
         "method": method,
         "resolved_method": getattr(step, "method", method) if method != "nonprivate" else method,
         "jit_compile": jit,
+        "batch_size": args.batch_size,
         "step_time_s": float(np.median(times)) / args.virtual_steps,
         "step_time_min_s": float(np.min(times)) / args.virtual_steps,
         "cpu_time_s": float(np.median(cpu_times)) / args.virtual_steps,
@@ -183,10 +250,59 @@ def _run_child(args):
         "peak_before_steps_mb": baseline_peak,
         "num_params": int(sum(int(np.prod(v.shape)) for v in model.trainable_variables)),
     }
+    device = _accelerator()
+    if device is not None:
+        result["device_peak_mb"] = (
+            tf.config.experimental.get_memory_info(device)["peak"] / 2**20
+        )
     if method != "nonprivate":
         result.update(_noise_draw_times(model.trainable_variables, args.noise_multiplier))
+    _emit(result)
+    return 0
+
+
+def _emit(result):
     sys.stdout.write(_MARKER + json.dumps(result) + "\n")
     sys.stdout.flush()
+
+
+def _run_search_child(args):
+    """Peak memory at each of `--child_batches` (ascending), one marked line each.
+
+    Stops at the first batch that does not fit `--memory_budget_mb` or runs
+    out of accelerator memory. The accelerator's peak is reset per batch; a
+    CPU's peak RSS cannot be, which is why the batches ascend (the peak at
+    the largest batch so far is that batch's, give or take cached memory).
+    """
+    import tensorflow as tf
+
+    method, jit = args.child_method, args.child_jit == "on"
+    _, step = _build_step(args)
+    device = _accelerator()
+    for batch_size in (int(b) for b in args.child_batches.split(",")):
+        result = {"method": method, "jit_compile": jit, "batch_size": batch_size}
+        try:
+            if device is not None:
+                tf.config.experimental.reset_memory_stats(device)
+            one_step = _step_runner(args, step, batch_size)
+            one_step()  # Traces.
+            t0 = time.perf_counter()
+            one_step()
+            result["step_time_s"] = (time.perf_counter() - t0) / args.virtual_steps
+        except tf.errors.ResourceExhaustedError:
+            result["error"] = "out_of_memory"
+            _emit(result)
+            return 0
+        if device is not None:
+            result["peak_mb"] = tf.config.experimental.get_memory_info(device)["peak"] / 2**20
+            result["memory"] = "accelerator"
+        else:
+            result["peak_mb"] = _peak_rss_mb()
+            result["memory"] = "peak RSS"
+        result["fits"] = result["peak_mb"] <= args.memory_budget_mb
+        _emit(result)
+        if not result["fits"]:
+            return 0
     return 0
 
 
@@ -228,36 +344,230 @@ def _noise_draw_times(variables, stddev, repeats=5):
     return out
 
 
-def _child_command(args, method, jit):
-    return [
+def _child_command(args, method, jit, batch_size=None, batches=None):
+    command = [
         sys.executable, "-m", "tfdp.bench",
         f"--model={args.model}", f"--image_size={args.image_size}",
         f"--channels={args.channels}", f"--num_classes={args.num_classes}",
-        f"--batch_size={args.batch_size}", f"--steps={args.steps}",
+        f"--batch_size={batch_size or args.batch_size}", f"--steps={args.steps}",
         f"--warmup={args.warmup}", f"--l2_norm_clip={args.l2_norm_clip}",
         f"--noise_multiplier={args.noise_multiplier}",
         f"--weight_decay={args.weight_decay}", f"--virtual_steps={args.virtual_steps}",
         f"--child_method={method}", f"--child_jit={'on' if jit else 'off'}",
     ]
+    if batches:
+        command += [f"--child_batches={','.join(str(b) for b in batches)}",
+                    f"--max_batch_size={max(batches)}",
+                    f"--memory_budget_mb={args.memory_budget_mb}"]
+    return command
 
 
-def _measure(args, method, jit, log):
+# A method whose memory grows more slowly, to suggest when one runs out.
+_LEANER_METHOD = {
+    "ghost": "mixed", "vectorized": "bk", "naive": "bk", "bk": "mixed", "mixed": "bk",
+    "auto": "mixed",
+}
+
+
+def failure_message(method, batch_size, *, returncode=None, out_of_memory=False,
+                    timeout=None, detail=""):
+    """One line saying why a child failed and what to try instead.
+
+    Args:
+        method: str. The method that failed.
+        batch_size: int. Its physical batch.
+        returncode: int or None. The child's exit status (-9: SIGKILL).
+        out_of_memory: bool. The child reported a ResourceExhaustedError.
+        timeout: float or None. Seconds after which the child was stopped.
+        detail: str. The last line of the child's output, for other errors.
+    """
+    smaller = max(batch_size // 2, 1)
+    leaner = _LEANER_METHOD.get(method)
+    fix = f"try --batch_size={smaller}" + (f" or --methods={leaner}" if leaner else "")
+    if timeout is not None:
+        return (f"{method} at batch {batch_size} timed out after {timeout:.0f}s: raise "
+                f"--timeout or {fix}")
+    if out_of_memory:
+        return (f"{method} ran out of accelerator memory at batch {batch_size}: {fix}, or "
+                "--memory_budget_mb to find the largest batch that fits")
+    if returncode in (-9, 137):
+        return (f"{method} was killed (SIGKILL, most likely the kernel's OOM killer: out of "
+                f"host memory) at batch {batch_size}: {fix}, or --memory_budget_mb to find "
+                "the largest batch that fits")
+    return f"{method} at batch {batch_size} failed (exit {returncode}): {detail}"
+
+
+def _run(args, method, jit, log, batch_size=None, batches=None):
+    """Runs one child; returns `(marked results, failure message or None)`."""
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env.setdefault("KERAS_BACKEND", "tensorflow")
-    log(f"[tfdp.bench] {method} jit_compile={jit} ...")
+    batch_size = batch_size or args.batch_size
+    log(f"[tfdp.bench] {method} jit_compile={jit} batch "
+        f"{','.join(str(b) for b in batches) if batches else batch_size} ...")
+    tried = max(batches) if batches else batch_size
     try:
         proc = subprocess.run(
-            _child_command(args, method, jit), capture_output=True, text=True,
-            env=env, timeout=args.timeout,
+            _child_command(args, method, jit, batch_size, batches), capture_output=True,
+            text=True, env=env, timeout=args.timeout,
         )
-    except subprocess.TimeoutExpired:
-        return {"method": method, "jit_compile": jit, "error": f"timeout after {args.timeout}s"}
-    for line in proc.stdout.splitlines():
-        if line.startswith(_MARKER):
-            return json.loads(line[len(_MARKER):])
-    tail = (proc.stderr or proc.stdout)[-2000:]
-    return {"method": method, "jit_compile": jit, "error": f"exit {proc.returncode}: {tail}"}
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        results = _marked(out)
+        return results, failure_message(method, _next_batch(results, batches, tried),
+                                        timeout=args.timeout)
+    results = _marked(proc.stdout)
+    if proc.returncode == 0 and results:
+        return results, None
+    text = (proc.stderr or "") + (proc.stdout or "")
+    oom = "ResourceExhausted" in text or "out of memory" in text.lower()
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return results, failure_message(
+        method, _next_batch(results, batches, tried), returncode=proc.returncode,
+        out_of_memory=oom, detail=lines[-1][-300:] if lines else "no output",
+    )
+
+
+def _marked(stdout):
+    return [json.loads(line[len(_MARKER):]) for line in (stdout or "").splitlines()
+            if line.startswith(_MARKER)]
+
+
+def _next_batch(results, batches, default):
+    """The batch a child was on when it died: the first it did not report."""
+    if not batches:
+        return default
+    return batches[min(len(results), len(batches) - 1)]
+
+
+def _measure(args, method, jit, log):
+    results, failure = _run(args, method, jit, log)
+    if results and "error" not in results[0]:
+        return results[0]
+    if results and results[0]["error"] == "out_of_memory":
+        failure = failure_message(method, args.batch_size, out_of_memory=True)
+    log(f"[tfdp.bench] {failure}")
+    return {"method": method, "jit_compile": jit, "error": failure}
+
+
+def search_largest_batch(probe, *, start, max_batch, budget_mb, refine=2):
+    """The largest physical batch whose peak memory fits `budget_mb`.
+
+    Doubles from `start` (one `probe` call for the whole ascending list,
+    which stops at the first batch that does not fit), then bisects
+    `refine` times between the largest fit and the first failure.
+
+    Args:
+        probe: callable. `probe(batches) -> (results, failure)`: `results`
+            one dict per batch tried, in order, with "batch_size" and either
+            "peak_mb" or "error"; `failure` a message or None.
+        start: int. First batch tried.
+        max_batch: int. Largest batch tried.
+        budget_mb: float. The memory budget in MiB.
+        refine: int. Bisection steps. Defaults to 2.
+
+    Returns:
+        A dict: "max_batch_size" (None when even `start` does not fit),
+        "peak_mb" at it, "first_failure" (the smallest batch seen not to
+        fit, or None), "reason" (why that batch did not fit) and
+        "capped" (True when `max_batch` itself fitted).
+    """
+    state = {"max_batch_size": None, "peak_mb": None, "first_failure": None,
+             "reason": None, "step_time_s": None}
+
+    def record(results, failure):
+        for r in results:
+            fits = "error" not in r and r["peak_mb"] <= budget_mb
+            b = r["batch_size"]
+            if fits and (state["max_batch_size"] is None or b > state["max_batch_size"]):
+                state.update(max_batch_size=b, peak_mb=r["peak_mb"],
+                             step_time_s=r.get("step_time_s"))
+            elif not fits and (state["first_failure"] is None or b < state["first_failure"]):
+                state["first_failure"] = b
+                state["reason"] = (
+                    "out of memory" if "error" in r else
+                    f"peak {r['peak_mb']:.0f} MiB > budget {budget_mb:.0f} MiB"
+                )
+        if failure is not None:
+            reported = {r["batch_size"] for r in results}
+            if state["first_failure"] is None or all(
+                b <= (state["max_batch_size"] or 0) for b in reported
+            ):
+                # The child died on the batch after the last it reported.
+                return failure
+        return None
+
+    batches = []
+    b = start
+    while b <= max_batch:
+        batches.append(b)
+        b *= 2
+    if batches[-1] < max_batch:
+        batches.append(max_batch)
+    died = record(*probe(batches))
+    if died is not None and state["first_failure"] is None:
+        lo = state["max_batch_size"] or 0
+        state["first_failure"] = next((b for b in batches if b > lo), None)
+        state["reason"] = died
+    for _ in range(refine):
+        lo, hi = state["max_batch_size"], state["first_failure"]
+        if lo is None or hi is None or hi - lo <= 1:
+            break
+        mid = (lo + hi) // 2
+        died = record(*probe([mid]))
+        if died is not None and (state["first_failure"] is None or mid < state["first_failure"]):
+            state["first_failure"], state["reason"] = mid, died
+    state["capped"] = state["max_batch_size"] == max_batch
+    return state
+
+
+def _search(args, method, jit, log):
+    """`search_largest_batch` for one method, each probe a child process."""
+    result = search_largest_batch(
+        lambda batches: _run(args, method, jit, log, batches=batches),
+        start=args.batch_size, max_batch=args.max_batch_size,
+        budget_mb=args.memory_budget_mb, refine=args.search_refine,
+    )
+    result.update(method=method, jit_compile=jit, model=args.model,
+                  image_size=args.image_size, budget_mb=args.memory_budget_mb)
+    if result["max_batch_size"] is None:
+        leaner = _LEANER_METHOD.get(method)
+        result["error"] = (
+            f"{method}: no batch from {args.batch_size} up was measured within "
+            f"{args.memory_budget_mb:.0f} MiB ({result['reason']}); try a smaller --batch_size"
+            + (f" or --methods={leaner}" if leaner else "")
+        )
+        log(f"[tfdp.bench] {result['error']}")
+    return result
+
+
+def format_search_table(results, budget_mb):
+    """A text table of `_search` results, each batch against non-private's.
+
+    Rows may come from several models (`results[i]["model"]`); step times
+    are of one step at the row's largest batch, after its trace.
+    """
+    base = {(r.get("model"), r["jit_compile"]): r.get("max_batch_size") for r in results
+            if r["method"] == "nonprivate"}
+    header = (f"{'model':<13} {'method':<11} {'xla':<4} {'max batch':>9} {'x nonpriv':>9} "
+              f"{'peak MiB':>9} {'step ms':>8} {'ms/ex':>6}  stopped by")
+    lines = [f"largest physical batch within {budget_mb:.0f} MiB", header, "-" * len(header)]
+    for r in results:
+        head = f"{str(r.get('model', '-')):<13} {r['method']:<11} " \
+               f"{'on' if r['jit_compile'] else 'off':<4}"
+        if r.get("max_batch_size") is None:
+            lines.append(f"{head} {'none':>9}  {r.get('error', '')}")
+            continue
+        b = base.get((r.get("model"), r["jit_compile"]))
+        ratio = f"{r['max_batch_size'] / b:8.2f}x" if b else f"{'-':>9}"
+        t = r.get("step_time_s")
+        ms = "-" if t is None else f"{t * 1e3:.1f}"
+        per = "-" if t is None else f"{t * 1e3 / r['max_batch_size']:.2f}"
+        stop = ("--max_batch_size" if r["capped"] else
+                f"{r['reason']} at {r['first_failure']}" if r["first_failure"] else "-")
+        lines.append(f"{head} {r['max_batch_size']:>9} {ratio} {r['peak_mb']:>9.0f} "
+                     f"{ms:>8} {per:>6}  {stop}")
+    return "\n".join(lines)
 
 
 def add_ratios(results):
@@ -325,6 +635,15 @@ def main(argv=None):
 
     def log(message):
         print(message, file=sys.stderr, flush=True)
+
+    if args.memory_budget_mb is not None:
+        results = [_search(args, m, jit, log) for jit in jits for m in methods]
+        if args.json:
+            print(json.dumps(results, indent=1))
+        else:
+            print(f"model={args.model} image_size={args.image_size} cpus={os.cpu_count()}")
+            print(format_search_table(results, args.memory_budget_mb))
+        return 0 if all(r.get("max_batch_size") for r in results) else 1
 
     results = []
     for jit in jits:

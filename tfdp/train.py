@@ -156,6 +156,7 @@ def train(
     epochs=10.0,
     logical_batch_size=256,
     physical_batch_size=None,
+    pad_granule="auto",
     sampler="poisson",
     private=True,
     l2_norm_clip=1.0,
@@ -209,6 +210,11 @@ def train(
             examples per noisy update. Defaults to 256.
         physical_batch_size: int. Examples per accelerator pass; virtual
             steps make up the logical batch. Defaults to the logical batch.
+        pad_granule: int, "auto" or None. Poisson steps are padded to a
+            multiple of this divisor of the physical batch only, their last
+            physical batch being shorter (`tfdp.data.make_train_pipeline`);
+            None pads to whole physical batches. With several replicas the
+            physical batches stay whole. Defaults to "auto" (P / 8).
         sampler: str. "poisson" (amplified by sampling) or "shuffle"
             (fixed-size batches, each example once per pass, accounted for
             any order without amplification); see `tfdp.samplers`. Defaults
@@ -361,6 +367,7 @@ def train(
         seed=seed, start_step=start_step, log_every_steps=log_every_steps,
         checkpoint_every=checkpoint_every_steps or plan.steps_per_epoch,
         physical_batch_size=physical_batch_size, logical_batch_size=logical_batch_size,
+        pad_granule=pad_granule if dist.num_replicas_in_sync == 1 else None,
     )
     if plan.budget_steps < plan.total_steps and step >= plan.budget_steps:
         _log(f"stopped at step {step}: one more step would exceed the budget "
@@ -617,7 +624,7 @@ def _epoch_evaluation(model, data, ema, ckpt, reporter, eval_batch_size, train_e
 
 def _train_loop(dist, step_fn, optimizer, ema, ckpt, ledger, plan, data, reporter,
                 evaluate_epoch, *, seed, start_step, log_every_steps, checkpoint_every,
-                physical_batch_size, logical_batch_size):
+                physical_batch_size, logical_batch_size, pad_granule):
     """Runs the logical steps; returns (the last step, ε)."""
     import keras
     import numpy as np
@@ -636,7 +643,7 @@ def _train_loop(dist, step_fn, optimizer, ema, ckpt, ledger, plan, data, reporte
             data.train, sampler=plan.sampler, num_steps=end_step,
             start_step=min(start_step, end_step), seed=seed,
             sampling_key=plan.key.derive("sampling"), preprocess_fn=data.train_preprocess,
-            decode_stats=train_decode_stats, **per_worker,
+            decode_stats=train_decode_stats, pad_granule=pad_granule, **per_worker,
         )), physical_batch_size)
     step = start_step
     epsilon = ledger.epsilon() if ledger is not None else math.inf

@@ -175,6 +175,64 @@ class PoissonPipelineTest(tf.test.TestCase):
             self.assertAllEqual(images, np.zeros_like(images))
 
 
+class PadGranuleTest(tf.test.TestCase):
+    """A finer padding granule: same examples, shorter last batches."""
+
+    def _steps(self, pad_granule, host=0, num_hosts=1, n=300, steps=40):
+        ctx = tf.distribute.InputContext(
+            num_input_pipelines=num_hosts, input_pipeline_id=host, num_replicas_in_sync=num_hosts
+        )
+        return _steps(data.make_train_pipeline(
+            _index_source(n), sampler="poisson", physical_batch_size=16,
+            logical_batch_size=20, num_steps=steps, seed=1,
+            sampling_key=np.array([3, 4], np.int64), pad_granule=pad_granule,
+            input_context=ctx if num_hosts > 1 else None,
+        ))
+
+    def test_same_examples_and_less_padding(self):
+        whole, fine = self._steps(None), self._steps(4)
+        self.assertLen(fine, len(whole))
+        sizes = set()
+        for w, f in zip(whole, fine):
+            # Every sampled example exactly once, in the same order, with
+            # the same image: the granule changes only the padding.
+            self.assertAllEqual(_real_labels(f), _real_labels(w))
+            self.assertLen(np.unique(_real_labels(f)), len(_real_labels(f)))
+            for images, labels, weights, _ in f:
+                self.assertAllEqual(images[weights > 0][:, 0, 0, 0], labels[weights > 0])
+                self.assertAllEqual(images[weights == 0], np.zeros_like(images[weights == 0]))
+            lengths = [len(b[2]) for b in f]
+            sizes.update(lengths)
+            # Whole physical batches, then one shorter one, a multiple of 4.
+            self.assertAllEqual(lengths[:-1], [16] * (len(lengths) - 1))
+            self.assertEqual(lengths[-1] % 4, 0)
+            n = len(_real_labels(f))
+            self.assertEqual(sum(lengths), max(-(-n // 4), 1) * 4)
+            self.assertEqual([bool(b[3]) for b in f], [False] * (len(f) - 1) + [True])
+            self.assertLessEqual(len(f), len(w))
+        self.assertLessEqual(sizes, {4, 8, 12, 16})
+        self.assertGreater(len(sizes), 1)
+        self.assertLess(sum(len(b[2]) for s in fine for b in s),
+                        sum(len(b[2]) for s in whole for b in s))
+
+    def test_hosts_stay_in_lockstep(self):
+        single = self._steps(4)
+        hosts = [self._steps(4, h, 2) for h in range(2)]
+        for s, step in enumerate(single):
+            union = np.concatenate([_real_labels(h[s]) for h in hosts])
+            self.assertAllEqual(np.sort(union), np.sort(_real_labels(step)))
+            self.assertEqual([len(b[2]) for b in hosts[0][s]], [len(b[2]) for b in hosts[1][s]])
+
+    def test_resolve_pad_granule(self):
+        self.assertEqual(data.pipeline.resolve_pad_granule(None, 256), 256)
+        self.assertEqual(data.pipeline.resolve_pad_granule("auto", 256), 32)
+        self.assertEqual(data.pipeline.resolve_pad_granule("auto", 250), 125)
+        self.assertEqual(data.pipeline.resolve_pad_granule("auto", 7), 7)
+        for bad in (0, 3, 32.0, "fine", True):
+            with self.assertRaisesRegex(ValueError, "pad_granule"):
+                data.pipeline.resolve_pad_granule(bad, 16)
+
+
 class DeterminismTest(tf.test.TestCase):
     def _pipeline(self, sampling_name, start_step, seed=7, num_steps=8, key=(5, 6)):
         train, _, _ = data.load_offline("digits")

@@ -190,6 +190,17 @@ class PrivateTrainStepTest(tf.test.TestCase):
         for a, b in zip(private, plain):
             self.assertAllClose(a, b, rtol=1e-5, atol=1e-6)
 
+    def test_every_method_gives_the_same_clipped_step_in_the_traced_step(self):
+        # The step is traced without autograph: every method must run there,
+        # over virtual steps of two batch lengths, and agree with naive.
+        x, y = _batch(8)
+        batches = [(x[:6], y[:6]), (x[6:], y[6:])]
+        want = self._weights_after(batches, clip=0.1, method="naive")
+        for method in ("vectorized", "ghost", "mixed", "bk"):
+            got = self._weights_after(batches, clip=0.1, method=method)
+            for a, b in zip(got, want):
+                self.assertAllClose(a, b, rtol=1e-4, atol=1e-6, msg=method)
+
     def test_noise_added_once_per_logical_step(self):
         # With σ huge the clipped sum is negligible: the update is lr·noise/B, and
         # its std must be lr·σ·C/B however many physical batches there are.

@@ -120,7 +120,7 @@ _GUARD_CHUNK = 32
 
 
 def _guarded_map(ds, preprocess_fn, substitute_fn):
-    """`(image, label, weight, last, seed)` -> `(image, label, weight, last, skipped)`.
+    """`(image, label, weight, last, seed, *extra)` -> `(image, label, weight, last, skipped, *extra)`.
 
     Decoded images go through `preprocess_fn` in a plain parallel map. For
     encoded images a decode error must not end the pipeline, and tf.data
@@ -130,22 +130,24 @@ def _guarded_map(ds, preprocess_fn, substitute_fn):
     by example the same way, and an example that fails alone becomes a
     skipped one (weight 0, zero image, label 0). Order is kept. The caller
     counts the skipped examples per batch, from the `skipped` component.
+    Any `extra` components pass through unchanged.
     """
     encoded = ds.element_spec[0].dtype == tf.string
 
-    def finish(image, label, weight, last, ok):
+    def finish(image, label, weight, last, ok, *extra):
         # Padding and skipped examples carry no data: zero image, label 0.
         real = weight > 0
         keep = tf.logical_and(real, ok)
         image = tf.where(keep, image, tf.zeros_like(image))
         label = tf.where(keep, tf.cast(label, tf.int32), 0)
         weight = tf.where(ok, weight, tf.zeros_like(weight))
-        return image, label, weight, last, tf.logical_and(real, tf.logical_not(ok))
+        return (image, label, weight, last, tf.logical_and(real, tf.logical_not(ok))) + extra
 
     if not encoded:
 
-        def plain(image, label, weight, last, seed):
-            return finish(preprocess_fn(image, seed), label, weight, last, tf.constant(True))
+        def plain(image, label, weight, last, seed, *extra):
+            return finish(preprocess_fn(image, seed), label, weight, last, tf.constant(True),
+                          *extra)
 
         return ds.map(plain, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
@@ -158,17 +160,17 @@ def _guarded_map(ds, preprocess_fn, substitute_fn):
         .element_spec
     )
 
-    def one(image, label, weight, last, seed):
+    def one(image, label, weight, last, seed, *extra):
         tried = tf.data.Dataset.from_tensors((image, seed)).map(preprocess_fn).ignore_errors()
         fallback = tf.data.Dataset.from_tensors(tf.constant(zero))
         return (
             tried.map(lambda out: (out, True))
             .concatenate(fallback.map(lambda out: (out, False)))
             .take(1)
-            .map(lambda out, ok: (out, label, weight, last, ok))
+            .map(lambda out, ok: (out, label, weight, last, ok) + extra)
         )
 
-    def chunk(images, labels, weights, lasts, seeds):
+    def chunk(images, labels, weights, lasts, seeds, *extras):
         def attempt(images, seeds):
             return tf.map_fn(
                 lambda args: preprocess_fn(args[0], args[1]),
@@ -176,12 +178,12 @@ def _guarded_map(ds, preprocess_fn, substitute_fn):
                 fn_output_signature=out_spec,
             )
 
-        elements = (images, labels, weights, lasts, seeds)
+        elements = (images, labels, weights, lasts, seeds) + extras
         tried = (
             tf.data.Dataset.from_tensors((images, seeds))
             .map(attempt)
             .ignore_errors()
-            .map(lambda out: (out, labels, weights, lasts, tf.ones_like(lasts)))
+            .map(lambda out: (out, labels, weights, lasts, tf.ones_like(lasts)) + extras)
         )
         one_by_one = (
             tf.data.Dataset.from_tensor_slices(elements).flat_map(one).batch(_GUARD_CHUNK)
@@ -200,8 +202,8 @@ def _guarded_map(ds, preprocess_fn, substitute_fn):
 def _count_skipped(decode_stats):
     def finish_batch(images, labels, weights, lasts, skipped):
         decode_stats.skipped.assign_add(tf.reduce_sum(tf.cast(skipped, tf.int64)))
-        # Each step's length is a multiple of P, so the step's final element
-        # is always the final element of a physical batch.
+        # Physical batches never straddle two steps, so the step's final
+        # element is always the final element of a physical batch.
         return images, labels, weights, lasts[-1]
 
     return finish_batch
@@ -209,29 +211,59 @@ def _count_skipped(decode_stats):
 
 def _indexed_train_pipeline(
     source, sampler, *, num_steps, start_step, seed, sampling_key, preprocess_fn, input_context,
-    decode_stats,
+    decode_stats, pad_granule,
 ):
     host, _ = _hosts(input_context)
+    p = sampler.physical_batch_size
+    # Physical batches per step are at most this many (the step's length is
+    # at most N rounded up to the granule, or P for an empty step).
+    max_chunks = -(-sampler.dataset_size // p) + 1
 
     def step_elements(step):
-        indices, weights = sampler.step_indices(sampling_key, step, host)
+        indices, weights = sampler.step_indices(sampling_key, step, host, granule=pad_granule)
         length = tf.shape(indices)[0]
-        lasts = tf.equal(tf.range(length), length - 1)
+        position = tf.range(length)
+        lasts = tf.equal(position, length - 1)
         seeds = sampling_lib.augment_seeds(seed, step, host, length)
-        return tf.data.Dataset.from_tensor_slices((indices, weights, lasts, seeds))
+        # Each element's physical batch, as one int64 key that also holds
+        # the batch's length (see `_batch_by_key`).
+        chunk = tf.cast(position // p, tf.int64)
+        size = tf.cast(tf.minimum(p, length - (position // p) * p), tf.int64)
+        keys = (step * max_chunks + chunk) * (p + 1) + size
+        return tf.data.Dataset.from_tensor_slices((indices, weights, lasts, seeds, keys))
 
-    def fetch(index, weight, last, seed):
+    def fetch(index, weight, last, seed, key):
         # Padding reuses example 0 for a valid shape and dtype; it is zeroed.
         image, label = source.fetch(tf.maximum(index, 0))
-        return image, label, weight, last, seed
+        return image, label, weight, last, seed, key
 
     ds = tf.data.Dataset.range(start_step, num_steps).flat_map(step_elements)
     ds = ds.map(fetch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     ds = _guarded_map(
         ds, preprocess_fn, lambda: _find_substitute(source.as_dataset(), preprocess_fn)
     )
-    ds = ds.batch(sampler.physical_batch_size, drop_remainder=True)
+    if pad_granule == p:
+        ds = ds.map(lambda *example: example[:-1]).batch(p, drop_remainder=True)
+    else:
+        ds = _batch_by_key(ds, p)
     return ds.map(_count_skipped(decode_stats))
+
+
+def _batch_by_key(ds, physical_batch_size):
+    """`(*example, key)` elements -> physical batches of varying length.
+
+    Consecutive elements with the same key form one batch; the key is
+    `unique_id * (P + 1) + length`, so each batch is emitted as soon as its
+    `length` elements have arrived, in order.
+    """
+    modulus = physical_batch_size + 1
+    return ds.group_by_window(
+        key_func=lambda *example: example[-1],
+        reduce_func=lambda key, window: window.map(lambda *example: example[:-1]).batch(
+            physical_batch_size
+        ),
+        window_size_func=lambda key: key % modulus,
+    )
 
 
 def _streaming_train_pipeline(
@@ -296,6 +328,7 @@ def make_train_pipeline(
     input_context=None,
     shuffle_buffer=16384,
     decode_stats=None,
+    pad_granule=None,
 ):
     """Builds the training pipeline of physical batches.
 
@@ -340,6 +373,14 @@ def make_train_pipeline(
             whose encoded image failed to decode; those become weight-0
             examples with a zero image and label 0. Defaults to `None` (a
             new one).
+        pad_granule: int, "auto" or None. Poisson steps have random sizes;
+            each is padded (weight 0) to a multiple of this divisor of P
+            only, and its last physical batch is that much smaller: so a
+            step of 260 with P = 256 costs 256 + 32 examples at a granule of
+            32, not 512. Each distinct last-batch length traces the train
+            step once (at most P / granule of them). "auto" is P / 8 (or
+            P / 4, P / 2 where 8 does not divide P). Defaults to `None` (P:
+            every physical batch is P long).
 
     Returns:
         A `tf.data.Dataset`, with the counter as its `decode_stats`
@@ -377,12 +418,51 @@ def make_train_pipeline(
         decode_stats=decode_stats or DecodeStats(),
     )
     if getattr(source, "random_access", False):
-        ds = _indexed_train_pipeline(source, sampler, **kwargs)
+        ds = _indexed_train_pipeline(
+            source, sampler,
+            pad_granule=resolve_pad_granule(pad_granule, sampler.physical_batch_size),
+            **kwargs,
+        )
     else:
         ds = _streaming_train_pipeline(source, sampler, shuffle_buffer=shuffle_buffer, **kwargs)
-    ds = ds.prefetch(tf.data.AUTOTUNE)
+    ds = _without_autotune_thread(ds.prefetch(tf.data.AUTOTUNE))
     ds.decode_stats = kwargs["decode_stats"]
     return ds
+
+
+def resolve_pad_granule(pad_granule, physical_batch_size):
+    """The padding granule of `make_train_pipeline`, as an int dividing P.
+
+    Args:
+        pad_granule: int, "auto" or None (see `make_train_pipeline`).
+        physical_batch_size: int. P, per host.
+    """
+    p = physical_batch_size
+    if pad_granule is None:
+        return p
+    if pad_granule == "auto":
+        return next((p // k for k in (8, 4, 2) if p % k == 0), p)
+    if isinstance(pad_granule, bool) or not isinstance(pad_granule, int) or not (
+        1 <= pad_granule <= p and p % pad_granule == 0
+    ):
+        raise ValueError(
+            "`pad_granule` must be 'auto', None or a divisor of the physical batch size "
+            f"({p}). Received: pad_granule={pad_granule!r}"
+        )
+    return pad_granule
+
+
+def _without_autotune_thread(ds):
+    """`ds` with tf.data's autotuning off (AUTOTUNE then means one per core).
+
+    The autotuner's background thread sleeps between optimisations for up
+    to a minute, and destroying an iterator waits for it to wake: a run's
+    last `for batch in pipeline` stalled 39-89 s after its last step. With
+    the tuner off the iterator is freed at once.
+    """
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return ds.with_options(options)
 
 
 def train_sampler(
@@ -481,6 +561,6 @@ def make_eval_pipeline(
         ds, seeded, lambda: _find_substitute(source.as_dataset(shuffle=False), seeded)
     )
     ds = ds.batch(batch_size).map(_pad_batch(batch_size, decode_stats))
-    ds = ds.prefetch(tf.data.AUTOTUNE)
+    ds = _without_autotune_thread(ds.prefetch(tf.data.AUTOTUNE))
     ds.decode_stats = decode_stats
     return ds

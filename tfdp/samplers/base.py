@@ -159,17 +159,21 @@ class Sampler(abc.ABC):
     # ------------------------------------------------------------------
 
     @abc.abstractmethod
-    def step_indices(self, sampling_key, step, host=0):
+    def step_indices(self, sampling_key, step, host=0, granule=None):
         """This host's share of step `step`.
 
         Args:
             sampling_key: int64 `[2]`. The run's secret sampling sub-key.
             step: int64 scalar tensor.
             host: int. This input pipeline's index.
+            granule: int or None. A divisor of P: a step of random size is
+                padded to a multiple of it only (the pipeline then makes its
+                last physical batch smaller). Defaults to None (P).
 
         Returns:
             `(indices, weights)`: int64 `[L]` (-1 for padding) and float32
-            `[L]` (1 real, 0 padding), L a positive multiple of P.
+            `[L]` (1 real, 0 padding), L a positive multiple of the granule,
+            the same on every host.
         """
 
     def check_source(self, source):

@@ -13,8 +13,9 @@ class PoissonSampler(base.Sampler):
     a stateless uniform keyed by (secret sampling key, s). The step's
     examples are split over the hosts (sampled index number i goes to host
     i mod H) and padded with weight-0 examples to the same positive multiple
-    of P on every host, so that all hosts run the same number of physical
-    batches and an empty step still yields one (all-padding) batch.
+    of the granule (P unless the pipeline asks for a finer one) on every
+    host, so that all hosts run the same number of physical batches and an
+    empty step still yields one (all-padding) batch.
 
     The accountant composes the Poisson-subsampled Gaussian mechanism once
     per step under add/remove-one adjacency. The divisor of the noisy sum is
@@ -55,15 +56,16 @@ class PoissonSampler(base.Sampler):
         )
         return u < self.sampling_rate
 
-    def step_indices(self, sampling_key, step, host=0):
+    def step_indices(self, sampling_key, step, host=0, granule=None):
         import tensorflow as tf
 
         sampled = tf.where(self.mask(sampling_key, step))[:, 0]
         n = tf.shape(sampled, out_type=tf.int64)[0]
         mine = sampled[host::self.num_hosts]
-        p = self.physical_batch_size
+        g = self.physical_batch_size if granule is None else int(granule)
+        # From the global count, so that every host pads to the same length.
         per_host = (n + self.num_hosts - 1) // self.num_hosts
-        length = tf.maximum((per_host + p - 1) // p, 1) * p
+        length = tf.maximum((per_host + g - 1) // g, 1) * g
         pad = length - tf.shape(mine, out_type=tf.int64)[0]
         indices = tf.concat([mine, -tf.ones([pad], tf.int64)], axis=0)
         return indices, tf.cast(indices >= 0, tf.float32)

@@ -68,7 +68,9 @@ class ShuffleSampler(base.Sampler):
         """Passes touched by `steps` steps: a partial pass counts as a pass."""
         return math.ceil(int(steps) / self.steps_per_epoch)
 
-    def step_indices(self, sampling_key, step, host=0):
+    def step_indices(self, sampling_key, step, host=0, granule=None):
+        # Fixed-size steps are whole physical batches: no padding to refine.
+        del granule
         import tensorflow as tf
 
         from tfdp.samplers import keys
