@@ -11,3 +11,4 @@ from tfdp.dp.noise import add_noise
 from tfdp.dp.noise import step_seed
 from tfdp.dp.private_step import NonPrivateTrainStep
 from tfdp.dp.private_step import PrivateTrainStep
+from tfdp.dp.sensitivity import check_sensitivity

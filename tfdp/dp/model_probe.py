@@ -105,10 +105,34 @@ def probe(model, x=None):
         cached = _cache.get(model)
         if cached is not None and cached[0] == key:
             return cached[1]
-        with tf.init_scope():  # Eager, also while a training step is traced.
+        if tf.executing_eagerly():
             report = _probe(model, *signature)
+        else:
+            report = _eagerly(_probe, model, *signature)
         _cache[model] = (key, report)
         return report
+
+
+def _eagerly(fn, *args):
+    """Runs `fn` eagerly while a function is being traced on this thread.
+
+    In a fresh thread: `tf.init_scope` would also pause gradient tapes on
+    this thread, and the probe needs its own tapes to record variable reads.
+    """
+    result = {}
+
+    def run():
+        try:
+            result["value"] = fn(*args)
+        except Exception as e:  # Re-raised on the calling thread.
+            result["error"] = e
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
 
 
 def _signature(model, x):
