@@ -164,6 +164,9 @@ class SensitivityTest(dp_test_case.DPTestCase):
             figure = dp.check_sensitivity(model, loss, (x, y), clip, method)
             self.assertLessEqual(figure, 1.0 + 1e-4, msg=method)
             self.assertGreater(figure, 0.99, msg=method)  # The clipped examples reach C.
+            # C tiny: every example is clipped, so every contribution is exactly C.
+            tiny = dp.check_sensitivity(model, loss, (x, y), 1e-3 * clip, method)
+            self.assertAllClose(tiny, 1.0, atol=1e-4, msg=method)
             grads, _ = dp.clipped_grad_sum(model, loss, x, y, l2_norm_clip=clip, method=method,
                                            training=not compare_in_inference)
             # Relative to the largest entry of all sums: under bf16 a small sum

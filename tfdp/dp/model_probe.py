@@ -154,11 +154,10 @@ def _probe_inputs(model, shape, dtype):
     rng = np.random.default_rng(0)
     size = (PROBE_BATCH,) + shape
     if tf.as_dtype(dtype).is_integer:
-        bound = min(
-            [layer.input_dim for layer in model._flatten_layers()
-             if isinstance(layer, keras.layers.Embedding)] + [1 << 30]
-        )
-        bound = bound if bound < (1 << 30) else 2
+        # Valid ids for every embedding table of the model.
+        dims = [layer.input_dim for layer in model._flatten_layers()
+                if isinstance(layer, keras.layers.Embedding)]
+        bound = min(dims) if dims else 2
         x = rng.integers(0, bound, size=size)
         other = (x[0] + 1) % bound
     else:
