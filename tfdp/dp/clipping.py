@@ -319,12 +319,13 @@ def _tapped(model, loss_fn, x, y, batch, l2_norm_clip, decay, training, *, metho
         layer_clip = layer._tfdp_rule.clip(
             layer, group, [grad_of[id(r)] for r in group], context
         )
-        sq_norms += layer_clip.sq_norms()
         for v in layer_clip.variables:
+            sq = layer_clip.sq_norm(v)
             if decay.applies(v):
                 # ‖g_i + wd·v‖² = ‖g_i‖² + 2·wd·⟨g_i, v⟩ + wd²‖v‖².
-                sq_norms += 2.0 * wd_per_example * layer_clip.dot(v)
-                sq_norms += tf.square(wd_per_example) * tf.reduce_sum(tf.square(v))
+                sq += 2.0 * wd_per_example * layer_clip.dot(v)
+                sq += tf.square(wd_per_example) * tf.reduce_sum(tf.square(v))
+            sq_norms += sq
         clips.append(layer_clip)
 
     norms = tf.sqrt(sq_norms)

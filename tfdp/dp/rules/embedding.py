@@ -27,7 +27,7 @@ class EmbeddingClip(registry.LayerClip):
         self.ids = ids[0] if len(ids) == 1 else tf.concat(ids, 1)
         self.g = gs[0] if len(gs) == 1 else tf.concat(gs, 1)
 
-    def sq_norms(self):
+    def sq_norm(self, variable):
         same = tf.cast(tf.equal(self.ids[:, :, None], self.ids[:, None, :]), self.g.dtype)
         gg = tf.einsum("btd,bsd->bts", self.g, self.g)
         return tf.reduce_sum(same * gg, [1, 2])

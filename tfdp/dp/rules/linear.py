@@ -28,11 +28,10 @@ class LinearClip(registry.LayerClip):
     def _is_kernel(self, variable):
         return variable is self.layer.kernel
 
-    def sq_norms(self):
-        sq = self.factors.kernel_sq_norms(self.mode)
-        if layer_grads.has_bias(self.layer):
-            sq += self.factors.bias_sq_norms()
-        return sq
+    def sq_norm(self, variable):
+        if self._is_kernel(variable):
+            return self.factors.kernel_sq_norms(self.mode)
+        return self.factors.bias_sq_norms()
 
     def dot(self, variable):
         if self._is_kernel(variable):

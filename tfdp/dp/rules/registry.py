@@ -141,8 +141,8 @@ class LayerClip:
     variables = ()
     from_backward = False
 
-    def sq_norms(self):
-        """[B] squared norms of the per-example gradients of `variables`."""
+    def sq_norm(self, variable):
+        """[B] squared norms of the per-example gradients of `variable`."""
         raise NotImplementedError
 
     def dot(self, variable):
@@ -167,11 +167,9 @@ class PerExampleClip(LayerClip):
         self.variables = list(variables)
         self._grads = {id(v): g for v, g in zip(self.variables, per_example)}
 
-    def sq_norms(self):
-        return tf.add_n([
-            tf.reduce_sum(tf.reshape(tf.square(g), [tf.shape(g)[0], -1]), 1)
-            for g in self._grads.values()
-        ])
+    def sq_norm(self, variable):
+        g = self._grads[id(variable)]
+        return tf.reduce_sum(tf.reshape(tf.square(g), [tf.shape(g)[0], -1]), 1)
 
     def dot(self, variable):
         g = self._grads[id(variable)]
