@@ -161,11 +161,12 @@ class SensitivityTest(dp_test_case.DPTestCase):
                 with self.assertRaisesRegex(ValueError, error, msg=method):
                     dp.clipped_grad_sum(model, loss, x, y, l2_norm_clip=clip, method=method)
                 continue
-            figure = dp.check_sensitivity(model, loss, (x, y), clip, method)
+            probe = (x[:4], y[:4])  # Example 1, scaled up, is clipped.
+            figure = dp.check_sensitivity(model, loss, probe, clip, method)
             self.assertLessEqual(figure, 1.0 + 1e-4, msg=method)
             self.assertGreater(figure, 0.99, msg=method)  # The clipped examples reach C.
             # C tiny: every example is clipped, so every contribution is exactly C.
-            tiny = dp.check_sensitivity(model, loss, (x, y), 1e-3 * clip, method)
+            tiny = dp.check_sensitivity(model, loss, probe, 1e-3 * clip, method)
             self.assertAllClose(tiny, 1.0, atol=1e-4, msg=method)
             grads, _ = dp.clipped_grad_sum(model, loss, x, y, l2_norm_clip=clip, method=method,
                                            training=not compare_in_inference)

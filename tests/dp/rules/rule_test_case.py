@@ -50,7 +50,8 @@ class RuleTestCase(dp_test_case.DPTestCase):
         self.assertIn(rule, used)
         clip = self.assert_methods_match_naive(model, loss_fn, x, y, methods, **kwargs)
         decay = {k: v for k, v in kwargs.items() if k.startswith("weight_decay")}
+        weights = kwargs.get("sample_weight")
+        probe = (x[:4], y[:4], None if weights is None else weights[:4])
         for method in TAPPED:
-            figure = dp.check_sensitivity(model, loss_fn, (x, y, kwargs.get("sample_weight")),
-                                          clip, method, **decay)
+            figure = dp.check_sensitivity(model, loss_fn, probe, clip, method, **decay)
             self.assertLessEqual(figure, 1.0 + 1e-4, msg=method)
