@@ -87,15 +87,44 @@ def _duration(seconds):
     return f"{seconds / 3600:.1f} h"
 
 
-def _dry_run(model, step_fn, info, sampler, total_steps, ledger, physical_batch_size, method):
+def _check_sensitivity(model, info, l2_norm_clip, method, **clip_kwargs):
+    """Leave-one-out sensitivity of the clipped sum on 4 random images, logged.
+
+    Refuses to continue when one example moves the clipped sum by more than
+    C·(1 + 1e-4): the engine would not bound this model (`dp.check_sensitivity`).
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    from tfdp import dp
+    from tfdp.dp import sensitivity
+    from tfdp.training import evaluation
+
+    k = int(clip_kwargs.get("augmentation_multiplicity", 1))
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.normal(size=(4 * k,) + tuple(info.image_shape)).astype("float32"))
+    y = tf.constant(np.repeat(rng.integers(0, info.num_classes, 4), k), tf.int32)
+    resolved = dp.resolve_method(model, method, x)
+    figure = dp.check_sensitivity(model, evaluation.per_example_loss, (x, y), l2_norm_clip,
+                                  resolved, **clip_kwargs)
+    _log(f"sensitivity probe: largest leave-one-out contribution {figure:.6f}·C "
+         f"(method={resolved}, 4 examples)")
+    sensitivity.refuse_unbounded(figure, resolved)
+    return figure
+
+
+def _dry_run(model, step_fn, info, sampler, total_steps, ledger, physical_batch_size, method,
+             sensitivity_kwargs):
     """Two real steps on mock data of the right shapes, and a time estimate."""
     import numpy as np
     import tensorflow as tf
 
     from tfdp import dp
 
+    sensitivity = None
     if method is not None:
         _log(str(dp.plan(model, info.image_shape, physical_batch_size, method)))
+        sensitivity = _check_sensitivity(model, info, **sensitivity_kwargs)
     probe = min(physical_batch_size, 4)
     rng = np.random.default_rng(0)
     x = tf.constant(rng.normal(size=(probe,) + tuple(info.image_shape)).astype("float32"))
@@ -115,7 +144,7 @@ def _dry_run(model, step_fn, info, sampler, total_steps, ledger, physical_batch_
         "noise_multiplier": ledger.noise_multiplier if ledger else 0.0,
         "epsilon": ledger.epsilon_after(total_steps) if ledger else math.inf,
         "delta": ledger.delta if ledger else None,
-        "seconds_per_epoch_estimate": per_epoch,
+        "seconds_per_epoch_estimate": per_epoch, "sensitivity": sensitivity,
     }
     total = per_epoch * total_steps / max(sampler.steps_per_epoch, 1e-9)
     _log(
@@ -338,9 +367,14 @@ def train(
                              weight_decay=weight_decay, seed=seed, jit_compile=jit_compile,
                              augmentation_multiplicity=augmentation_multiplicity)
     ema = _make_ema(model, ema_decay)
+    sensitivity_kwargs = dict(
+        l2_norm_clip=l2_norm_clip, method=clipping_method, weight_decay=weight_decay,
+        augmentation_multiplicity=augmentation_multiplicity,
+    )
     if dry_run:
         return _dry_run(model, step_fn, data.info, plan.sampler, plan.total_steps, plan.ledger,
-                        physical_batch_size, clipping_method if private else None)
+                        physical_batch_size, clipping_method if private else None,
+                        sensitivity_kwargs)
 
     # ===================================================================
     # Resume: weights, optimizer state (its iteration count is the step),
@@ -352,6 +386,8 @@ def train(
         f.write(gin.config_str())
     _log_run_plan(model, data, plan, dataset, clipping_method, physical_batch_size,
                   target_epsilon)
+    if private:
+        _check_sensitivity(model, data.info, **sensitivity_kwargs)
 
     # ===================================================================
     # Train loop

@@ -32,10 +32,15 @@ class DPTestCase(tf.test.TestCase):
     """Checks that every clipping method equals the naive per-example loop."""
 
     def assert_methods_match_naive(self, model, loss_fn, x, y, methods, sample_weight=None,
-                                   weight_decay=0.0, rtol=1e-4):
+                                   weight_decay=0.0, rtol=1e-4, weight_decay_variables=None):
+        """Each method's norms and clipped sum equal the naive loop's; returns C.
+
+        C is the median norm, so that some examples are clipped and some not.
+        """
+        kwargs = dict(sample_weight=sample_weight, weight_decay=weight_decay,
+                      weight_decay_variables=weight_decay_variables)
         _, norms = dp.clipped_grad_sum(
-            model, loss_fn, x, y, l2_norm_clip=1e9, method="naive",
-            sample_weight=sample_weight, weight_decay=weight_decay,
+            model, loss_fn, x, y, l2_norm_clip=1e9, method="naive", **kwargs
         )
         real = norms.numpy()[norms.numpy() > 0]
         # C at the median norm: some examples are clipped, some are not.
@@ -43,13 +48,11 @@ class DPTestCase(tf.test.TestCase):
         self.assertGreater(np.sum(real > clip * 1.001), 0)
         self.assertGreater(np.sum(real < clip * 0.999), 0)
         ref_grads, ref_norms = dp.clipped_grad_sum(
-            model, loss_fn, x, y, l2_norm_clip=clip, method="naive",
-            sample_weight=sample_weight, weight_decay=weight_decay,
+            model, loss_fn, x, y, l2_norm_clip=clip, method="naive", **kwargs
         )
         for method in methods:
             grads, norms = dp.clipped_grad_sum(
-                model, loss_fn, x, y, l2_norm_clip=clip, method=method,
-                sample_weight=sample_weight, weight_decay=weight_decay,
+                model, loss_fn, x, y, l2_norm_clip=clip, method=method, **kwargs
             )
             self.assertAllClose(ref_norms, norms, rtol=rtol, atol=1e-5, msg=f"norms, method={method}")
             self.assertLen(grads, len(model.trainable_variables))
@@ -59,3 +62,4 @@ class DPTestCase(tf.test.TestCase):
                     r / scale, g / scale, rtol=rtol, atol=rtol,
                     msg=f"grad of {v.path}, method={method}",
                 )
+        return clip

@@ -11,7 +11,6 @@ from tests.dp import dp_test_case
 from tfdp import dp
 from tfdp import models
 from tfdp.dp import layer_grads
-from tfdp.dp import layer_taps
 
 ALL_METHODS = ("vectorized", "ghost", "mixed", "bk", "auto")
 
@@ -222,9 +221,7 @@ class ConvInputGramTest(tf.test.TestCase, parameterized.TestCase):
     """The pixel-Gram ghost norm input side equals the unfolded U Uᵀ."""
 
     def _tapped_conv(self, **kwargs):
-        layer = keras.layers.Conv2D(5, **kwargs)
-        layer._tfdp_kind = layer_taps.KIND_CONV2D
-        return layer
+        return keras.layers.Conv2D(5, **kwargs)
 
     @parameterized.named_parameters(
         ("same_3x3", dict(kernel_size=3, padding="same")),
@@ -242,7 +239,7 @@ class ConvInputGramTest(tf.test.TestCase, parameterized.TestCase):
         outputs = [layer(x) for x in inputs]
         got = layer_grads.conv_input_gram(layer, inputs, outputs, k)
         self.assertIsNotNone(got)
-        u = tf.concat([layer_grads._flatten_bt(layer_grads.unfold_inputs(layer, x), k)
+        u = tf.concat([layer_grads.flatten_bt(layer_grads.unfold_inputs(layer, x), k)
                        for x in inputs], axis=1)
         want = tf.matmul(u, u, transpose_b=True)
         self.assertEqual(got.shape, want.shape)

@@ -13,3 +13,4 @@ from tfdp.dp.noise import step_seed
 from tfdp.dp.noisy_aggregator import NoisyAggregator
 from tfdp.dp.private_step import NonPrivateTrainStep
 from tfdp.dp.private_step import PrivateTrainStep
+from tfdp.dp.sensitivity import check_sensitivity

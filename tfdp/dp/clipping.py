@@ -10,6 +10,17 @@ Five methods give the same result to float tolerance:
   2·T² < p·D (Bu et al. 2022), then the second backward pass.
 - "bk": book-keeping. Norms as in "mixed"; the clipped sum is formed from the
   stored layer inputs and output gradients, with no second backward pass.
+
+The last three ("tapped") loop over per-layer rules (`tfdp.dp.rules`). Each
+example's contribution has norm at most C only if its clipped sum is formed
+from exactly what its norm was computed from. So "ghost" and "mixed" take from
+the second backward pass only the layers where that pass computes the same
+thing (float32 conv/dense/embedding layers); the others (mixed precision,
+layers whose per-example gradients are recomputed, e.g. with in-layer
+dropout) are summed from their rule's factors as in "bk". Models that per-layer
+clipping cannot bound are refused (`model_probe`): a layer reading another
+layer's variable (tied weights) makes "auto" use "vectorized"; a layer that
+mixes examples is refused by every method.
 """
 
 import logging
@@ -17,14 +28,13 @@ import logging
 import keras
 import tensorflow as tf
 
-from tfdp.dp import layer_grads
 from tfdp.dp import layer_taps
-from tfdp.dp.layer_taps import KIND_CONV2D, KIND_DENSE, KIND_EMBEDDING
+from tfdp.dp import model_probe
+from tfdp.dp import rules
+from tfdp.dp.rules.registry import TAPPED_METHODS
+from tfdp.dp.rules.registry import weighted_sum
 
 METHODS = ("naive", "vectorized", "ghost", "mixed", "bk", "auto")
-# The tapped methods do their norm and sum arithmetic in float32, so they are
-# exact under a mixed_bfloat16 policy too (bf16 compute, float32 variables).
-TAPPED_METHODS = ("ghost", "mixed", "bk")
 
 
 def default_weight_decay_variables(model):
@@ -59,22 +69,45 @@ def uncovered_variables(model):
     return [v for v in model.trainable_variables if id(v) not in covered]
 
 
-def resolve_method(model, method):
-    """Validates `method` and maps "auto" to the fastest that applies."""
+def resolve_method(model, method, x=None):
+    """Validates `method` for `model` and maps "auto" to the fastest that bounds it.
+
+    Probes the model (`model_probe.probe`, cached) when an input signature is
+    known: from `x`, else from the model's declared input.
+
+    Args:
+        model: keras.Model. The model to train.
+        method: str. One of `METHODS`.
+        x: optional tensor. A batch of inputs (may be symbolic).
+
+    Returns:
+        The method: "auto" resolved.
+
+    Raises:
+        ValueError: for an unknown method; for a model with a layer that mixes
+            examples (any method); for a tapped method and a model whose
+            variables are not all read only by their owning layers.
+    """
     if method not in METHODS:
         raise ValueError(
             f"Unknown clipping method. Expected one of {METHODS}. "
             f"Received: method={method!r}"
         )
     layer_taps.tapped_layers(model)  # Raises on BatchNormalization.
+    report = model_probe.probe(model, x)
+    if report is not None:
+        report.refuse_mixing()
     if method == "auto":
-        if uncovered_variables(model):
+        if uncovered_variables(model) or (report is not None and report.foreign_reads):
             logging.warning(
-                "tfdp: some trainable variables are not owned by a leaf layer; "
-                "using method='vectorized' instead of book-keeping."
+                "tfdp: some trainable variables are not owned by a leaf layer or are "
+                "read outside their owner's call; using method='vectorized' instead "
+                "of book-keeping."
             )
             return "vectorized"
         return "bk"
+    if method in TAPPED_METHODS and report is not None:
+        report.refuse_foreign_reads(method)
     return method
 
 
@@ -136,8 +169,8 @@ def clipped_grad_sum(
             "augmentation_multiplicity must be >= 1. "
             f"Received: augmentation_multiplicity={augmentation_multiplicity}"
         )
-    method = resolve_method(model, method)
     x = tf.convert_to_tensor(x)
+    method = resolve_method(model, method, x)
     rows = tf.shape(x)[0]
     if sample_weight is None:
         sample_weight = tf.ones([rows], tf.float32)
@@ -212,7 +245,7 @@ def _naive(model, loss_fn, x, y, batch, clip, decay, training):
 
 
 def _vectorized(model, loss_fn, x, y, batch, clip, decay, training):
-    layer_taps.install_taps(model)
+    rules.install_taps(model)
     variables = model.trainable_variables
     mask, k = batch.mask, batch.k
 
@@ -237,15 +270,8 @@ def _vectorized(model, loss_fn, x, y, batch, clip, decay, training):
     )
     norms = tf.sqrt(sq)
     coeffs = clip_coefficients(norms, clip, mask)
-    grads = [_weighted_sum(coeffs, g) for g in per_example]
+    grads = [weighted_sum(coeffs, g) for g in per_example]
     return grads, norms
-
-
-def _weighted_sum(coeffs, per_example):
-    shape = tf.concat([[-1], tf.ones([tf.rank(per_example) - 1], tf.int32)], 0)
-    return tf.reduce_sum(
-        tf.math.multiply_no_nan(per_example, tf.reshape(coeffs, shape)), 0
-    )
 
 
 def _group_records(records):
@@ -260,7 +286,7 @@ def _group_records(records):
     return [groups[k] for k in order]
 
 
-def _tapped(model, loss_fn, x, y, batch, clip, decay, training, *, method):
+def _tapped(model, loss_fn, x, y, batch, l2_norm_clip, decay, training, *, method):
     uncovered = uncovered_variables(model)
     if uncovered:
         raise ValueError(
@@ -269,7 +295,7 @@ def _tapped(model, loss_fn, x, y, batch, clip, decay, training, *, method):
             f"{[v.path for v in uncovered]}. Use method='vectorized'. "
             f"Received: method={method!r}"
         )
-    layer_taps.install_taps(model)
+    rules.install_taps(model)
     variables = model.trainable_variables
     mask, k = batch.mask, batch.k
     with tf.GradientTape(persistent=method != "bk") as tape:
@@ -284,91 +310,68 @@ def _tapped(model, loss_fn, x, y, batch, clip, decay, training, *, method):
     )
     grad_of = {id(r): g for r, g in zip(records, output_grads)}
 
+    context = rules.ClipContext(method, k)
     wd_per_example = decay.coefficient * mask
     sq_norms = tf.zeros_like(mask)
-    clipped_sum_fns = []  # Deferred: the coefficients are known only after all norms.
+    clips = []  # Sums deferred: the coefficients are known only after all norms.
     for group in _group_records(records):
         layer = group[0].layer
-        grads = [grad_of[id(r)] for r in group]
-        kind = layer._tfdp_kind
-        if kind in (KIND_CONV2D, KIND_DENSE):
-            factors = layer_grads.LinearFactors(layer, group, grads, k)
-            t, p, d = layer_grads.linear_dims(layer, group)
-            mode = layer_grads.linear_norm_mode(kind, t, p, d, method)
-            sq = factors.kernel_sq_norms(mode)
-            if decay.applies(layer.kernel):
-                sq += 2.0 * wd_per_example * factors.kernel_dot_weights()
-                sq += tf.square(wd_per_example) * tf.reduce_sum(tf.square(layer.kernel))
+        layer_clip = layer._tfdp_rule.clip(
+            layer, group, [grad_of[id(r)] for r in group], context
+        )
+        for v in layer_clip.variables:
+            sq = layer_clip.sq_norm(v)
+            if decay.applies(v):
+                # ‖g_i + wd·v‖² = ‖g_i‖² + 2·wd·⟨g_i, v⟩ + wd²‖v‖².
+                sq += 2.0 * wd_per_example * layer_clip.dot(v)
+                sq += tf.square(wd_per_example) * tf.reduce_sum(tf.square(v))
             sq_norms += sq
-            if layer_grads._has_bias(layer):
-                sq_norms += factors.bias_sq_norms()
-            clipped_sum_fns.append(_linear_sums(layer, factors, decay))
-        elif kind == KIND_EMBEDDING:
-            factors = layer_grads.EmbeddingFactors(layer, group, grads, k)
-            sq_norms += factors.sq_norms()
-            clipped_sum_fns.append(
-                lambda c, keep, f=factors, v=layer.embeddings: {id(v): f.clipped_sum(c)}
-            )
-        else:
-            own = layer_taps.own_trainable_variables(layer)
-            if kind == layer_taps.KIND_NORM:
-                per_example = layer_grads.norm_per_example_grads(layer, group, grads, own)
-            else:
-                per_example = layer_grads.generic_per_example_grads(layer, group, grads, own)
-            per_example = [layer_grads.group_rows(g, k) for g in per_example]
-            per_example = [
-                g + tf.reshape(wd_per_example, [-1] + [1] * len(v.shape)) * v
-                if decay.applies(v) else g
-                for g, v in zip(per_example, own)
-            ]
-            for g in per_example:
-                sq_norms += tf.reduce_sum(tf.reshape(tf.square(g), [tf.shape(g)[0], -1]), 1)
-            clipped_sum_fns.append(
-                lambda c, keep, pe=per_example, vs=own: {
-                    id(v): _weighted_sum(c, g) for v, g in zip(vs, pe)
-                }
-            )
+        clips.append(layer_clip)
 
     norms = tf.sqrt(sq_norms)
-    coeffs = clip_coefficients(norms, clip, mask)
+    coeffs = clip_coefficients(norms, l2_norm_clip, mask)
 
-    def book_keeping(keep=None):
-        by_variable = {}
-        for fn in clipped_sum_fns:
-            by_variable.update(fn(coeffs, keep))
-        return [by_variable.get(id(v), tf.zeros_like(v)) for v in variables]
-
-    def second_backward():
-        row_coeffs = tf.repeat(coeffs, k) if k > 1 else coeffs
-        result = tape.gradient(
-            losses, variables, output_gradients=row_coeffs,
-            unconnected_gradients=tf.UnconnectedGradients.ZERO,
-        )
-        # Embedding gradients come back as IndexedSlices: return dense sums.
-        result = [tf.convert_to_tensor(g) for g in result]
+    def with_decay(sums):
         total_coeff = tf.reduce_sum(coeffs)
         return [
             g + decay.coefficient * total_coeff * v if decay.applies(v) else g
-            for g, v in zip(result, variables)
+            for g, v in zip(sums, variables)
         ]
+
+    def book_keeping(keep=None, skip=()):
+        by_variable = {}
+        for layer_clip in clips:
+            for v in layer_clip.variables:
+                if id(v) not in skip:
+                    by_variable[id(v)] = layer_clip.clipped_sum(v, coeffs, keep)
+        return by_variable
+
+    def second_backward():
+        # Only the layers whose backward pass computes what their norm was
+        # computed from; the others are summed from their factors.
+        backward = [v for c in clips if c.from_backward for v in c.variables]
+        by_variable = book_keeping(skip={id(v) for v in backward})
+        row_coeffs = tf.repeat(coeffs, k) if k > 1 else coeffs
+        if backward:
+            result = tape.gradient(
+                losses, backward, output_gradients=row_coeffs,
+                unconnected_gradients=tf.UnconnectedGradients.ZERO,
+            )
+            # Embedding gradients come back as IndexedSlices: return dense sums.
+            by_variable.update({id(v): tf.convert_to_tensor(g) for v, g in zip(backward, result)})
+        return by_variable
+
+    def in_order(by_variable):
+        return with_decay([by_variable.get(id(v), tf.zeros_like(v)) for v in variables])
 
     # A NaN/Inf example (zero coefficient) would still poison a sum through
     # NaN·0, so when there is one the sums are formed by book-keeping from
     # inputs and output gradients with that example's rows zeroed.
     finite = tf.math.is_finite(norms)
     fast = book_keeping if method == "bk" else second_backward
-    result = tf.cond(tf.reduce_all(finite), fast, lambda: book_keeping(keep=finite))
+    result = tf.cond(
+        tf.reduce_all(finite),
+        lambda: in_order(fast()),
+        lambda: in_order(book_keeping(keep=finite)),
+    )
     return result, norms
-
-
-def _linear_sums(layer, factors, decay):
-    def sums(coeffs, keep):
-        kernel = factors.kernel_clipped_sum(coeffs, keep)
-        if decay.applies(layer.kernel):
-            kernel += decay.coefficient * tf.reduce_sum(coeffs) * layer.kernel
-        out = {id(layer.kernel): kernel}
-        if layer_grads._has_bias(layer):
-            out[id(layer.bias)] = factors.bias_clipped_sum(coeffs)
-        return out
-
-    return sums

@@ -1,4 +1,4 @@
-"""Per-layer squared per-example gradient norms and clipped sums.
+"""Conv/dense factors: per-example squared gradient norms and clipped sums.
 
 For a linear layer (Conv2D unfolded, or Dense) with unfolded input U_i (T×D)
 and output gradient G_i (T×p), the per-example kernel gradient is U_iᵀ G_i.
@@ -17,13 +17,12 @@ import keras
 import tensorflow as tf
 
 from tfdp.dp import layer_taps
-from tfdp.dp.layer_taps import KIND_CONV2D, KIND_DENSE, KIND_EMBEDDING
 
 GHOST = "ghost"
 INSTANTIATE = "instantiate"
 
 
-def _flatten_bt(x, k=1):
+def flatten_bt(x, k=1):
     """[B·k, ..., C] -> [B, k·T, C]: an example's k rows (augmentations) form one T axis.
 
     The per-example gradient of a group of rows is Σ_rows U_rᵀ G_r, which is
@@ -57,18 +56,18 @@ def keep_rows(x, keep):
 
 def unfold_inputs(layer, inputs):
     """Unfolded input U as [B, T, D] for a conv or dense layer."""
-    if layer._tfdp_kind == KIND_CONV2D:
+    if isinstance(layer, keras.layers.Conv2D):
         kh, kw = layer.kernel_size
         if kh == kw == 1:
             # A 1×1 patch is the pixel itself; "same" never pads a 1×1 conv.
             sh, sw = layer.strides
-            return _flatten_bt(inputs[:, ::sh, ::sw, :])
+            return flatten_bt(inputs[:, ::sh, ::sw, :])
         strides, dilations, padding = layer_taps.conv_geometry(layer)
         patches = tf.image.extract_patches(
             inputs, [1, kh, kw, 1], strides, dilations, padding
         )
-        return _flatten_bt(patches)
-    return _flatten_bt(inputs)
+        return flatten_bt(patches)
+    return flatten_bt(inputs)
 
 
 def _same_padding(size, out, kernel, dilation):
@@ -155,8 +154,9 @@ def conv_input_gram(layer, inputs, outputs, k=1):
     return tf.reshape(total, [-1, n * ho * wo, n * ho * wo])
 
 
-def _has_bias(layer):
-    if layer._tfdp_kind == KIND_CONV2D:
+def has_bias(layer):
+    """Whether a conv or dense layer adds a bias."""
+    if isinstance(layer, keras.layers.Conv2D):
         return layer.use_bias
     return layer.bias is not None
 
@@ -174,8 +174,8 @@ class LinearFactors:
         self.k = k
         self.records = list(records)
         self.output_grads = list(output_grads)
-        self.is_conv = layer._tfdp_kind == KIND_CONV2D
-        gs = [_flatten_bt(g, k) for g in self.output_grads]
+        self.is_conv = isinstance(layer, keras.layers.Conv2D)
+        gs = [flatten_bt(g, k) for g in self.output_grads]
         self.g = gs[0] if len(gs) == 1 else tf.concat(gs, axis=1)
         self.g = tf.cast(self.g, tf.float32)  # Clipping arithmetic in float32 under bf16.
         self._u = None
@@ -186,7 +186,7 @@ class LinearFactors:
     def u(self):
         if self._u is None:
             us = [
-                _flatten_bt(unfold_inputs(self.layer, tf.cast(r.inputs, tf.float32)), self.k)
+                flatten_bt(unfold_inputs(self.layer, tf.cast(r.inputs, tf.float32)), self.k)
                 for r in self.records
             ]
             self._u = us[0] if len(us) == 1 else tf.concat(us, axis=1)
@@ -195,10 +195,10 @@ class LinearFactors:
     @property
     def z(self):
         if self._z is None:
-            bias = self.layer.bias if _has_bias(self.layer) else None
+            bias = self.layer.bias if has_bias(self.layer) else None
             zs = []
             for record in self.records:
-                z = _flatten_bt(tf.cast(record.outputs, tf.float32), self.k)
+                z = flatten_bt(tf.cast(record.outputs, tf.float32), self.k)
                 zs.append(z if bias is None else z - bias)
             self._z = zs[0] if len(zs) == 1 else tf.concat(zs, axis=1)
         return self._z
@@ -271,120 +271,8 @@ class LinearFactors:
         return tf.reduce_sum(tf.math.multiply_no_nan(self.g, coeffs[:, None, None]), [0, 1])
 
 
-class EmbeddingFactors:
-    """Token ids and output gradients of all calls of an Embedding layer."""
-
-    def __init__(self, layer, records, output_grads, k=1):
-        self.layer = layer
-        ids = [
-            tf.reshape(tf.cast(r.inputs, tf.int32), [tf.shape(r.inputs)[0] // k, -1])
-            for r in records
-        ]
-        gs = [_flatten_bt(tf.cast(g, tf.float32), k) for g in output_grads]
-        self.ids = ids[0] if len(ids) == 1 else tf.concat(ids, 1)
-        self.g = gs[0] if len(gs) == 1 else tf.concat(gs, 1)
-
-    def sq_norms(self):
-        same = tf.cast(tf.equal(self.ids[:, :, None], self.ids[:, None, :]), self.g.dtype)
-        gg = tf.einsum("btd,bsd->bts", self.g, self.g)
-        return tf.reduce_sum(same * gg, [1, 2])
-
-    def clipped_sum(self, coeffs):
-        weighted = tf.math.multiply_no_nan(self.g, coeffs[:, None, None])
-        dim = tf.shape(self.g)[-1]
-        return tf.math.unsorted_segment_sum(
-            tf.reshape(weighted, [-1, dim]),
-            tf.reshape(self.ids, [-1]),
-            self.layer.embeddings.shape[0],
-        )
-
-
-def generic_per_example_grads(layer, records, output_grads, variables):
-    """Per-example gradients of a layer's own variables, by vectorized VJPs.
-
-    Used for any layer kind without a dedicated rule, including
-    normalisation layers with no closed form here (e.g. under mixed
-    precision, or GroupNormalization on a non-last axis). Exact for any layer whose output for
-    an example depends only on that example's input.
-    """
-    total = None
-    for record, grad in zip(records, output_grads):
-
-        def one_example(args, record=record):
-            x_i, g_i = args
-            x1 = tf.nest.map_structure(lambda t: t[None], x_i)
-            g1 = tf.nest.map_structure(lambda t: t[None], g_i)
-            with layer_taps.suspended(), tf.GradientTape() as tape:
-                out = record.call_fn(x1)
-            return tape.gradient(
-                out, variables, output_gradients=g1,
-                unconnected_gradients=tf.UnconnectedGradients.ZERO,
-            )
-
-        grads = tf.vectorized_map(one_example, (record.inputs, grad))
-        total = grads if total is None else [a + b for a, b in zip(total, grads)]
-    return total
-
-
-def _normalized_norm_input(layer, x):
-    """x̂ of a GroupNormalization/LayerNormalization: ∂output/∂γ."""
-    x = tf.cast(x, tf.float32)
-    if isinstance(layer, keras.layers.GroupNormalization):
-        reshaped = layer._reshape_into_groups(x)
-        axes = list(range(1, len(reshaped.shape)))
-        axes.pop(-2)  # Keeps the group axis (channels-last layers only).
-        mean, variance = keras.ops.moments(reshaped, axes=axes, keepdims=True)
-        xhat = (reshaped - mean) * tf.math.rsqrt(variance + layer.epsilon)
-        return tf.reshape(xhat, tf.shape(x))
-    axes = list(layer.axis)
-    if layer.rms_scaling:
-        variance = keras.ops.var(x, axis=axes, keepdims=True)
-        return x * tf.math.rsqrt(variance + layer.epsilon)
-    mean, variance = keras.ops.moments(x, axes=axes, keepdims=True)
-    return (x - mean) * tf.math.rsqrt(variance + layer.epsilon)
-
-
-def norm_param_axes(layer, rank):
-    """Positive input axes that γ and β span, in their storage order."""
-    if isinstance(layer, keras.layers.GroupNormalization):
-        return [rank - 1]
-    return [a % rank for a in layer.axis]
-
-
-def norm_per_example_grads(layer, records, output_grads, variables):
-    """Closed-form per-example γ/β gradients of a normalisation layer.
-
-    Exact for `layer_taps.KIND_NORM` layers: the output is γ·x̂ + β, with x̂
-    depending on the input only, so per example ∂L/∂γ = Σ g ⊙ x̂ and
-    ∂L/∂β = Σ g over the axes that γ does not span (the batch axis aside).
-    """
-    gamma = getattr(layer, "gamma", None)
-    beta = getattr(layer, "beta", None)
-    total = None
-    for record, grad in zip(records, output_grads):
-        rank = grad.shape.rank
-        param_axes = norm_param_axes(layer, rank)
-        reduce_axes = [a for a in range(1, rank) if a not in param_axes]
-        grad = tf.cast(grad, tf.float32)
-        grads = []
-        for v in variables:
-            if gamma is not None and v is gamma:
-                xhat = _normalized_norm_input(layer, record.inputs)
-                grads.append(tf.reduce_sum(grad * xhat, reduce_axes))
-            elif beta is not None and v is beta:
-                grads.append(tf.reduce_sum(grad, reduce_axes))
-            else:
-                raise ValueError(f"Unexpected variable {v.path} of layer {layer.name}.")
-        total = grads if total is None else [a + b for a, b in zip(total, grads)]
-    return total
-
-
-def linear_norm_mode(kind, t, p, d, method):
+def linear_norm_mode(t, p, d, method):
     """The layer-wise rule of Bu et al. (2022): ghost where 2T² < p·D."""
-    if kind == KIND_EMBEDDING:
-        return GHOST
-    if kind not in (KIND_CONV2D, KIND_DENSE):
-        return INSTANTIATE
     if method == "ghost" or t == 1:
         return GHOST
     return GHOST if 2 * t * t < p * d else INSTANTIATE

@@ -2,12 +2,14 @@
 
 The fast clipping methods need, for every trainable layer, its input and the
 gradient of the (summed, per-example) loss with respect to its pre-activation
-output. Because examples never interact (no BatchNorm), the gradient of the
-summed loss with respect to example i's activations is example i's own
-gradient, so one batched backward pass gives every per-example output gradient.
+output. Because examples never interact (no BatchNorm; `model_probe` refuses
+any other layer that mixes them), the gradient of the summed loss with respect
+to example i's activations is example i's own gradient, so one batched
+backward pass gives every per-example output gradient.
 
-We patch each layer's `call` once (instance attribute) with a wrapper that is a
-pass-through unless a recorder is active on the current thread. Thread-local
+Each layer's `call` is patched once (instance attribute) by its per-layer rule
+(`tfdp.dp.rules`) with a wrapper that is a pass-through unless a recorder is
+active on the current thread. Thread-local
 state keeps MirroredStrategy replicas, which trace in parallel threads, apart.
 """
 
@@ -17,15 +19,7 @@ import threading
 import keras
 import tensorflow as tf
 
-KIND_CONV2D = "conv2d"
-KIND_DENSE = "dense"
-KIND_EMBEDDING = "embedding"
-KIND_NORM = "norm"
-KIND_GENERIC = "generic"
-
 _local = threading.local()
-_BASE_CONV_CALL = keras.layers.Conv2D.call
-_BASE_CONV_OP = keras.layers.Conv2D.convolution_op
 
 
 class TapRecord:
@@ -47,7 +41,8 @@ class _Recorder:
         self.suspended = False
 
 
-def _active_recorder():
+def active_recorder():
+    """The recorder of this thread, or None when taps are off or suspended."""
     recorder = getattr(_local, "recorder", None)
     if recorder is None or recorder.suspended:
         return None
@@ -94,85 +89,15 @@ def own_trainable_variables(layer):
     return [v for v in getattr(layer, "_trainable_variables", []) if v.trainable]
 
 
-def _is_plain(layer):
-    return (
-        getattr(layer, "quantization_mode", None) is None
-        and not getattr(layer, "lora_enabled", False)
+def refuse_batch_norm(layer):
+    """Raises for a BatchNormalization layer, trainable or frozen."""
+    raise ValueError(
+        f"Layer '{layer.name}' is a BatchNormalization layer. Batch "
+        "statistics mix examples, so per-example gradients (and hence DP) "
+        "are undefined. Convert the model with "
+        "`tfdp.models.replace_batchnorm(model, groups=32)`. "
+        f"Received: layer={layer.name!r}"
     )
-
-
-def _is_float32(layer):
-    return (
-        getattr(layer, "compute_dtype", None) == "float32"
-        and all(v.dtype == "float32" for v in getattr(layer, "_trainable_variables", []))
-    )
-
-
-def _is_plain_norm(layer):
-    """GroupNormalization/LayerNormalization whose γ/β gradients have a closed form.
-
-    Per example, ∂L/∂γ = Σ g ⊙ x̂ and ∂L/∂β = Σ g over the non-parameter axes,
-    where g is the output gradient and x̂ the normalised input.
-    """
-    if not _is_float32(layer) or not layer.built:
-        return False
-    if (
-        isinstance(layer, keras.layers.GroupNormalization)
-        and type(layer).call is keras.layers.GroupNormalization.call
-        and type(layer)._apply_normalization
-        is keras.layers.GroupNormalization._apply_normalization
-    ):
-        ndim = getattr(layer.input_spec, "ndim", None)
-        return ndim is not None and ndim >= 2 and layer.axis in (-1, ndim - 1)
-    if (
-        isinstance(layer, keras.layers.LayerNormalization)
-        and type(layer).call is keras.layers.LayerNormalization.call
-        and isinstance(layer.axis, list)
-    ):
-        return True
-    return False
-
-
-def layer_kind(layer):
-    """The clipping kind of a layer that owns trainable variables.
-
-    Raises:
-        ValueError: for BatchNormalization, which mixes examples so that no
-            per-example gradient exists.
-    """
-    if isinstance(layer, keras.layers.BatchNormalization):
-        raise ValueError(
-            f"Layer '{layer.name}' is a BatchNormalization layer. Batch "
-            "statistics mix examples, so per-example gradients (and hence DP) "
-            "are undefined. Convert the model with "
-            "`tfdp.models.replace_batchnorm(model, groups=32)`. "
-            f"Received: layer={layer.name!r}"
-        )
-    if (
-        isinstance(layer, keras.layers.Conv2D)
-        and type(layer).call is _BASE_CONV_CALL
-        and type(layer).convolution_op is _BASE_CONV_OP
-        and layer.data_format == "channels_last"
-        and layer.groups == 1
-        and layer.padding in ("valid", "same")
-        and _is_plain(layer)
-    ):
-        return KIND_CONV2D
-    if (
-        isinstance(layer, keras.layers.Dense)
-        and type(layer).call is keras.layers.Dense.call
-        and _is_plain(layer)
-    ):
-        return KIND_DENSE
-    if _is_plain_norm(layer):
-        return KIND_NORM
-    if (
-        isinstance(layer, keras.layers.Embedding)
-        and type(layer).call is keras.layers.Embedding.call
-        and _is_plain(layer)
-    ):
-        return KIND_EMBEDDING
-    return KIND_GENERIC
 
 
 def tapped_layers(model):
@@ -180,62 +105,21 @@ def tapped_layers(model):
     found = []
     for layer in model._flatten_layers(include_self=True, recursive=True):
         if isinstance(layer, keras.layers.BatchNormalization):
-            layer_kind(layer)  # Raises, even when frozen: never silently skip.
+            refuse_batch_norm(layer)  # Even when frozen: never silently skip.
         if own_trainable_variables(layer):
             found.append(layer)
     return found
 
 
-def install_taps(model):
-    """Patches every trainable layer of `model` once; returns those layers."""
-    layers = tapped_layers(model)
-    for layer in layers:
-        if getattr(layer, "_tfdp_original_call", None) is None:
-            kind = layer_kind(layer)
-            original = layer.call
-            layer._tfdp_original_call = original
-            layer._tfdp_kind = kind
-            layer.call = _make_tapped_call(layer, kind, original)
-    return layers
+def record_call(layer, original):
+    """A `call` that records the layer's input, output and a way to recompute it.
 
-
-def _make_tapped_call(layer, kind, original):
-    if kind == KIND_CONV2D:
-
-        def call(inputs, *args, **kwargs):
-            recorder = _active_recorder()
-            if recorder is None:
-                return original(inputs, *args, **kwargs)
-            if recorder.mode == "vectorized":
-                pre = vectorizable_conv(layer, inputs, layer.kernel)
-            else:
-                pre = layer.convolution_op(inputs, layer.kernel)
-            if layer.use_bias:
-                pre = pre + layer.bias
-            if recorder.mode == "record":
-                recorder.records.append(TapRecord(layer, inputs, pre))
-            return layer.activation(pre) if layer.activation is not None else pre
-
-        return call
-
-    if kind == KIND_DENSE:
-
-        def call(inputs, *args, **kwargs):
-            recorder = _active_recorder()
-            if recorder is None or recorder.mode != "record":
-                return original(inputs, *args, **kwargs)
-            pre = tf.matmul(inputs, layer.kernel) if inputs.shape.rank == 2 else (
-                tf.tensordot(inputs, layer.kernel, axes=1)
-            )
-            if layer.bias is not None:
-                pre = pre + layer.bias
-            recorder.records.append(TapRecord(layer, inputs, pre))
-            return layer.activation(pre) if layer.activation is not None else pre
-
-        return call
+    The default tap of a per-layer rule: the rule derives per-example
+    gradients from the recorded call (`TapRecord.call_fn`).
+    """
 
     def call(inputs, *args, **kwargs):
-        recorder = _active_recorder()
+        recorder = active_recorder()
         outputs = original(inputs, *args, **kwargs)
         if recorder is not None and recorder.mode == "record":
             call_fn = lambda x: original(x, *args, **kwargs)  # noqa: E731

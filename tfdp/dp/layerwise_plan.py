@@ -1,14 +1,15 @@
-"""`plan`: which per-layer rule each trainable layer gets, and its memory."""
+"""`plan`: which per-layer rule each trainable layer gets, and its memory.
+
+The cost of each layer comes from its rule (`tfdp.dp.rules`).
+"""
 
 import dataclasses
 
 import tensorflow as tf
 
 from tfdp.dp import clipping
-from tfdp.dp import layer_grads
 from tfdp.dp import layer_taps
-
-_BYTES = 4
+from tfdp.dp import rules
 
 
 @dataclasses.dataclass
@@ -16,7 +17,7 @@ class LayerPlan:
     """How one trainable layer's per-example norms are computed."""
 
     name: str
-    kind: str
+    kind: str  # The rule's name.
     t: int
     p: int
     d: int
@@ -81,7 +82,7 @@ def plan(model, input_shape, batch_size, method="auto", input_dtype="float32"):
         A `DPPlan`; `print(plan)` shows the table.
     """
     method = clipping.resolve_method(model, method)
-    layer_taps.install_taps(model)
+    rules.install_taps(model)
     probe = tf.zeros((1,) + tuple(input_shape), dtype=input_dtype)
     with layer_taps.recording() as recorder:
         model(probe, training=False)
@@ -91,39 +92,11 @@ def plan(model, input_shape, batch_size, method="auto", input_dtype="float32"):
     layers = []
     for records in groups.values():
         layer = records[0].layer
-        kind = layer._tfdp_kind
+        rule = layer._tfdp_rule
         params = sum(int(v.numpy().size) for v in layer_taps.own_trainable_variables(layer))
-        geometry = None
-        if kind in (layer_taps.KIND_CONV2D, layer_taps.KIND_DENSE):
-            t, p, d = layer_grads.linear_dims(layer, records)
-            if method in clipping.TAPPED_METHODS:
-                mode = layer_grads.linear_norm_mode(kind, t, p, d, method)
-            else:
-                mode = layer_grads.INSTANTIATE
-            if kind == layer_taps.KIND_CONV2D and mode == layer_grads.GHOST:
-                geometry = layer_grads.pixel_gram_geometry(
-                    layer, [r.inputs.shape for r in records], [r.outputs.shape for r in records]
-                )
-            if geometry:
-                # Pixel Gram P of the padded input, then U Uᵀ and G Gᵀ.
-                pads_h, pads_w = geometry
-                h, w = (int(s) for s in records[0].inputs.shape[1:3])
-                positions = len(records) * (h + sum(pads_h)) * (w + sum(pads_w))
-                memory = batch_size * (positions**2 + 2 * t * t) * _BYTES
-            elif mode == layer_grads.GHOST:
-                memory = batch_size * 2 * t * t * _BYTES
-            else:
-                memory = batch_size * (d * p + t * d) * _BYTES
-        elif kind == layer_taps.KIND_EMBEDDING:
-            t = sum(int(tf.size(r.inputs)) for r in records)
-            p, d = int(layer.embeddings.shape[1]), int(layer.embeddings.shape[0])
-            mode = layer_grads.GHOST
-            memory = batch_size * 2 * t * t * _BYTES
-        else:
-            t = p = d = 0
-            mode = layer_grads.INSTANTIATE
-            memory = batch_size * params * _BYTES
-        layers.append(
-            LayerPlan(layer.name, kind, t, p, d, mode, params, memory, pixel_gram=bool(geometry))
-        )
+        cost = rule.cost(layer, records, method, batch_size)
+        layers.append(LayerPlan(
+            layer.name, rule.name, cost.t, cost.p, cost.d, cost.mode, params,
+            cost.memory_bytes, pixel_gram=cost.pixel_gram,
+        ))
     return DPPlan(method, batch_size, layers)

@@ -1,0 +1,309 @@
+"""Probes a model for what per-layer clipping cannot see, on a tiny batch.
+
+The tapped clipping methods ("ghost", "mixed", "bk") see a trainable variable
+only through the calls of the layer that owns it, and every method assumes
+that an example's outputs depend on that example alone. Two eager forward
+passes on a probe batch of `PROBE_BATCH` examples check both:
+
+- Variable reads. Every layer call runs under its own
+  `tf.GradientTape(watch_accessed_variables=True)`, with the enclosing call's
+  tape paused, so each call's tape holds the variables that call reads
+  itself. A trainable variable read by a layer that does not own it (tied
+  embeddings, a kernel shared through a custom layer), or read by the model
+  outside any layer, is a *foreign read*: the tapped methods would miss that
+  use of it.
+- Examples mixing. Example 0 of the probe batch is replaced and the passes
+  compared: a layer whose outputs for the other examples change while their
+  inputs did not mixes examples (e.g. subtracts the batch mean). The random
+  state of Keras layers (seed generators) is restored before each pass so
+  that dropout draws the same masks.
+
+Results are cached per model, input signature and set of trainable variables.
+"""
+
+import dataclasses
+import threading
+import weakref
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfdp.dp import layer_taps
+
+PROBE_BATCH = 3
+_lock = threading.RLock()
+_cache = weakref.WeakKeyDictionary()
+
+
+@dataclasses.dataclass
+class ForeignRead:
+    """A trainable variable read by a layer call other than its owner's."""
+
+    reader: str
+    variable: str
+    owner: str
+
+
+@dataclasses.dataclass
+class ProbeReport:
+    """What `probe` found.
+
+    Attributes:
+        foreign_reads: list of `ForeignRead`.
+        mixing_layer: str or None. The first layer (or the model) whose outputs
+            for one example depend on other examples.
+    """
+
+    foreign_reads: list
+    mixing_layer: str = None
+
+    def refuse_mixing(self):
+        """Raises when a layer mixes examples: no method can bound it."""
+        if self.mixing_layer is None:
+            return
+        raise ValueError(
+            f"Layer '{self.mixing_layer}' mixes examples: its outputs for one example "
+            "change when another example of the batch changes (e.g. batch "
+            "statistics). Per-example gradients, and hence the clipping bound, "
+            "are undefined. Make the layer per-example (e.g. GroupNormalization "
+            "or LayerNormalization instead of batch statistics). "
+            f"Received: layer={self.mixing_layer!r}"
+        )
+
+    def refuse_foreign_reads(self, method):
+        """Raises when a tapped `method` would miss a use of a variable."""
+        if not self.foreign_reads:
+            return
+        read = self.foreign_reads[0]
+        raise ValueError(
+            f"Layer '{read.reader}' reads variable '{read.variable}', owned by layer "
+            f"'{read.owner}' (e.g. tied weights). method={method!r} clips per layer "
+            "and sees only the owner's use of it, so per-example norms would be too "
+            "small. Use method='vectorized' or 'naive' (method='auto' does), or give "
+            f"'{read.reader}' its own variable. Received: method={method!r}"
+        )
+
+
+def probe(model, x=None):
+    """Probes `model` (cached); None when no input signature is known.
+
+    Args:
+        model: keras.Model. A built model.
+        x: optional tensor. A batch (possibly symbolic): its per-example
+            shape and dtype define the probe input. Defaults to the model's
+            declared input.
+
+    Returns:
+        A `ProbeReport`, or None.
+    """
+    signature = _signature(model, x)
+    if signature is None:
+        return None
+    key = (signature, tuple(id(v) for v in model.trainable_variables))
+    with _lock:
+        cached = _cache.get(model)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        if tf.executing_eagerly():
+            report = _probe(model, *signature)
+        else:
+            report = _eagerly(_probe, model, *signature)
+        _cache[model] = (key, report)
+        return report
+
+
+def _eagerly(fn, *args):
+    """Runs `fn` eagerly while a function is being traced on this thread.
+
+    In a fresh thread: `tf.init_scope` would also pause gradient tapes on
+    this thread, and the probe needs its own tapes to record variable reads.
+    """
+    result = {}
+
+    def run():
+        try:
+            result["value"] = fn(*args)
+        except Exception as e:  # Re-raised on the calling thread.
+            result["error"] = e
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def _signature(model, x):
+    if x is not None:
+        shape, dtype = x.shape[1:], x.dtype
+    else:
+        try:
+            inputs = model.inputs
+        except (AttributeError, ValueError):
+            return None
+        if not inputs or len(inputs) != 1:
+            return None
+        shape, dtype = inputs[0].shape[1:], inputs[0].dtype
+    shape = tuple(8 if d is None else int(d) for d in shape)
+    return shape, tf.as_dtype(dtype).name
+
+
+def _probe_inputs(model, shape, dtype):
+    rng = np.random.default_rng(0)
+    size = (PROBE_BATCH,) + shape
+    if tf.as_dtype(dtype).is_integer:
+        # Valid ids for every embedding table of the model.
+        dims = [layer.input_dim for layer in model._flatten_layers()
+                if isinstance(layer, keras.layers.Embedding)]
+        bound = min(dims) if dims else 2
+        x = rng.integers(0, bound, size=size)
+        other = (x[0] + 1) % bound
+    else:
+        x = rng.normal(size=size)
+        other = 3.0 * rng.normal(size=shape)
+    changed = x.copy()
+    changed[0] = other
+    return tf.constant(x, dtype), tf.constant(changed, dtype)
+
+
+def _probe(model, shape, dtype):
+    x, changed = _probe_inputs(model, shape, dtype)
+    state = [(v, v.numpy()) for v in model.non_trainable_variables]
+
+    def run(inputs, training):
+        for v, value in state:
+            v.assign(value)
+        return _traced_forward(model, inputs, training)
+
+    first = run(x, True)
+    other = run(changed, True)
+    mixing = _mixing_layer(model, first, other)
+    if mixing is not None and not _same(first, run(x, True)):
+        # Randomness outside Keras seed generators: compare inference passes.
+        mixing = _mixing_layer(model, run(x, False), run(changed, False))
+    for v, value in state:
+        v.assign(value)
+    return ProbeReport(_foreign_reads(model, first), mixing)
+
+
+class _Trace:
+    def __init__(self):
+        self.calls = []  # (layer, inputs, outputs), in order of completion.
+        self.reads = {}  # id(layer) -> ids of variables the call read itself.
+        self.model_reads = set()
+        self.outputs = None
+
+
+def _variable_id(v):
+    return id(getattr(v, "_value", v))
+
+
+def _traced_forward(model, x, training):
+    trace = _Trace()
+    thread = threading.get_ident()
+    tapes = []
+    patched = []
+
+    def wrap(layer, original):
+        def call(*args, **kwargs):
+            if threading.get_ident() != thread or not tapes:
+                return original(*args, **kwargs)
+            with tapes[-1].stop_recording():
+                with tf.GradientTape(watch_accessed_variables=True) as tape:
+                    tapes.append(tape)
+                    try:
+                        outputs = original(*args, **kwargs)
+                    finally:
+                        tapes.pop()
+            reads = trace.reads.setdefault(id(layer), set())
+            reads.update(_variable_id(v) for v in tape.watched_variables())
+            inputs = args[0] if args else next(iter(kwargs.values()), None)
+            trace.calls.append((layer, inputs, outputs))
+            return outputs
+
+        return call
+
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        had = "call" in layer.__dict__
+        previous = layer.__dict__.get("call")
+        patched.append((layer, had, previous))
+        layer.call = wrap(layer, layer.call)
+    try:
+        with tf.GradientTape(watch_accessed_variables=True) as outer:
+            tapes.append(outer)
+            trace.outputs = model(x, training=training)
+            tapes.pop()
+        trace.model_reads = {_variable_id(v) for v in outer.watched_variables()}
+    finally:
+        for layer, had, previous in reversed(patched):
+            if had:
+                layer.call = previous
+            else:
+                object.__delattr__(layer, "call")
+    return trace
+
+
+def _foreign_reads(model, trace):
+    trainable = {_variable_id(v) for v in model.trainable_variables}
+    owner = {}
+    for layer in layer_taps.tapped_layers(model):
+        for v in layer_taps.own_trainable_variables(layer):
+            owner[_variable_id(v)] = (layer, v)
+    found = []
+    readers = [(layer, trace.reads.get(id(layer), set())) for layer, _, _ in trace.calls]
+    readers.append((model, trace.model_reads))
+    seen = set()
+    for reader, reads in readers:
+        for vid in reads:
+            if vid not in trainable or (id(reader), vid) in seen:
+                continue
+            seen.add((id(reader), vid))
+            own_layer, variable = owner.get(vid, (None, None))
+            if own_layer is reader:
+                continue
+            found.append(ForeignRead(
+                reader.name,
+                variable.path if variable is not None else str(vid),
+                own_layer.name if own_layer is not None else "no layer",
+            ))
+    return found
+
+
+def _rows(t):
+    """Rows 1: of a batch-first tensor as float64, or None."""
+    if not isinstance(t, (tf.Tensor, tf.Variable)) or t.shape.rank in (None, 0):
+        return None
+    if t.shape[0] != PROBE_BATCH or t.dtype in (tf.string, tf.bool):
+        return None
+    return tf.cast(t[1:], tf.float64).numpy()
+
+
+def _same(a_trace, b_trace):
+    return _nest_same(a_trace.outputs, b_trace.outputs)
+
+
+def _nest_same(a, b):
+    flat_a, flat_b = tf.nest.flatten(a), tf.nest.flatten(b)
+    if len(flat_a) != len(flat_b):
+        return False
+    for u, w in zip(flat_a, flat_b):
+        ru, rw = _rows(u), _rows(w)
+        if ru is None or rw is None:
+            continue
+        scale = max(float(np.max(np.abs(ru), initial=0.0)), 1e-6)
+        if ru.shape != rw.shape or float(np.max(np.abs(ru - rw), initial=0.0)) > 1e-4 * scale:
+            return False
+    return True
+
+
+def _mixing_layer(model, first, other):
+    """The first layer whose outputs for examples 1: changed with same inputs."""
+    if len(first.calls) == len(other.calls):
+        for (layer, x_a, y_a), (_, x_b, y_b) in zip(first.calls, other.calls):
+            if _nest_same(x_a, x_b) and not _nest_same(y_a, y_b):
+                return layer.name
+    if not _same(first, other):
+        return model.name
+    return None

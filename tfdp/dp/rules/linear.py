@@ -1,0 +1,75 @@
+"""The shared part of the Dense and Conv2D rules: a linear map U_i W + b.
+
+The per-example kernel gradient is U_iᵀ G_i (unfolded input U_i, T×D; output
+gradient G_i, T×p). Its norm is a ghost norm or instantiated by the layer-wise
+rule of Bu et al. (2022); see `layer_grads`.
+"""
+
+import tensorflow as tf
+
+from tfdp.dp import layer_grads
+from tfdp.dp import layer_taps
+from tfdp.dp.rules import registry
+
+
+class LinearClip(registry.LayerClip):
+    """`LayerClip` of a conv or dense layer from its `LinearFactors`."""
+
+    def __init__(self, layer, records, output_grads, context):
+        self.layer = layer
+        self.factors = layer_grads.LinearFactors(layer, records, output_grads, context.k)
+        t, p, d = layer_grads.linear_dims(layer, records)
+        self.mode = layer_grads.linear_norm_mode(t, p, d, context.method)
+        self.variables = layer_taps.own_trainable_variables(layer)
+        # Under mixed precision the second backward pass computes U_iᵀ G_i in
+        # bfloat16 while the norm is float32: the sum then comes from here.
+        self.from_backward = registry.is_float32(layer)
+
+    def _is_kernel(self, variable):
+        return variable is self.layer.kernel
+
+    def sq_norm(self, variable):
+        if self._is_kernel(variable):
+            return self.factors.kernel_sq_norms(self.mode)
+        return self.factors.bias_sq_norms()
+
+    def dot(self, variable):
+        if self._is_kernel(variable):
+            return self.factors.kernel_dot_weights()
+        summed = tf.reduce_sum(self.factors.g, 1)
+        return tf.reduce_sum(summed * tf.convert_to_tensor(variable)[None], 1)
+
+    def clipped_sum(self, variable, coeffs, keep=None):
+        if self._is_kernel(variable):
+            return self.factors.kernel_clipped_sum(coeffs, keep)
+        return self.factors.bias_clipped_sum(coeffs)
+
+
+class LinearRule(registry.Rule):
+    """Base of the Dense and Conv2D rules."""
+
+    def clip(self, layer, records, output_grads, context):
+        return LinearClip(layer, records, output_grads, context)
+
+    def cost(self, layer, records, method, batch_size):
+        t, p, d = layer_grads.linear_dims(layer, records)
+        if method in registry.TAPPED_METHODS:
+            mode = layer_grads.linear_norm_mode(t, p, d, method)
+        else:
+            mode = layer_grads.INSTANTIATE
+        geometry = self.ghost_geometry(layer, records) if mode == layer_grads.GHOST else None
+        if geometry:
+            # Pixel Gram P of the padded input, then U Uᵀ and G Gᵀ.
+            pads_h, pads_w = geometry
+            h, w = (int(s) for s in records[0].inputs.shape[1:3])
+            positions = len(records) * (h + sum(pads_h)) * (w + sum(pads_w))
+            memory = batch_size * (positions**2 + 2 * t * t)
+        elif mode == layer_grads.GHOST:
+            memory = batch_size * 2 * t * t
+        else:
+            memory = batch_size * (d * p + t * d)
+        return registry.Cost(t, p, d, mode, memory * registry.BYTES, pixel_gram=bool(geometry))
+
+    def ghost_geometry(self, layer, records):
+        """Padding of a cheaper Gram-matrix route, or None (see `conv_input_gram`)."""
+        return None

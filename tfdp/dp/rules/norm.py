@@ -1,0 +1,83 @@
+"""Rule for GroupNormalization and LayerNormalization: closed-form γ/β gradients.
+
+The output is γ·x̂ + β with x̂ depending on the example's input only, so per
+example ∂L/∂γ = Σ g ⊙ x̂ and ∂L/∂β = Σ g over the axes γ does not span, g the
+output gradient. Layers outside the closed form (mixed precision, a
+GroupNormalization on a non-last axis, a modified `call`) get the generic
+rule. BatchNormalization is refused (`layer_taps.refuse_batch_norm`).
+"""
+
+import keras
+import tensorflow as tf
+
+from tfdp.dp.rules import generic
+from tfdp.dp.rules import registry
+
+
+def _normalized_input(layer, x):
+    """x̂ of a GroupNormalization/LayerNormalization: ∂output/∂γ."""
+    x = tf.cast(x, tf.float32)
+    if isinstance(layer, keras.layers.GroupNormalization):
+        reshaped = layer._reshape_into_groups(x)
+        axes = list(range(1, len(reshaped.shape)))
+        axes.pop(-2)  # Keeps the group axis (channels-last layers only).
+        mean, variance = keras.ops.moments(reshaped, axes=axes, keepdims=True)
+        xhat = (reshaped - mean) * tf.math.rsqrt(variance + layer.epsilon)
+        return tf.reshape(xhat, tf.shape(x))
+    axes = list(layer.axis)
+    if layer.rms_scaling:
+        variance = keras.ops.var(x, axis=axes, keepdims=True)
+        return x * tf.math.rsqrt(variance + layer.epsilon)
+    mean, variance = keras.ops.moments(x, axes=axes, keepdims=True)
+    return (x - mean) * tf.math.rsqrt(variance + layer.epsilon)
+
+
+def norm_param_axes(layer, rank):
+    """Positive input axes that γ and β span, in their storage order."""
+    if isinstance(layer, keras.layers.GroupNormalization):
+        return [rank - 1]
+    return [a % rank for a in layer.axis]
+
+
+@registry.register_rule(keras.layers.GroupNormalization, keras.layers.LayerNormalization)
+class NormRule(generic.InstantiatingRule):
+    """Per-example γ/β gradients in closed form (no recomputation of the layer)."""
+
+    name = "norm"
+
+    def applies(self, layer):
+        if not registry.is_float32(layer) or not layer.built:
+            return False
+        if isinstance(layer, keras.layers.GroupNormalization):
+            ndim = getattr(layer.input_spec, "ndim", None)
+            return (
+                type(layer).call is keras.layers.GroupNormalization.call
+                and type(layer)._apply_normalization
+                is keras.layers.GroupNormalization._apply_normalization
+                and ndim is not None and ndim >= 2 and layer.axis in (-1, ndim - 1)
+            )
+        return (
+            type(layer).call is keras.layers.LayerNormalization.call
+            and isinstance(layer.axis, list)
+        )
+
+    def per_example_grads(self, layer, records, output_grads, variables):
+        gamma = getattr(layer, "gamma", None)
+        beta = getattr(layer, "beta", None)
+        total = None
+        for record, grad in zip(records, output_grads):
+            rank = grad.shape.rank
+            param_axes = norm_param_axes(layer, rank)
+            reduce_axes = [a for a in range(1, rank) if a not in param_axes]
+            grad = tf.cast(grad, tf.float32)
+            grads = []
+            for v in variables:
+                if gamma is not None and v is gamma:
+                    xhat = _normalized_input(layer, record.inputs)
+                    grads.append(tf.reduce_sum(grad * xhat, reduce_axes))
+                elif beta is not None and v is beta:
+                    grads.append(tf.reduce_sum(grad, reduce_axes))
+                else:
+                    raise ValueError(f"Unexpected variable {v.path} of layer {layer.name}.")
+            total = grads if total is None else [a + b for a, b in zip(total, grads)]
+        return total

@@ -1,0 +1,221 @@
+"""The registry of per-layer clipping rules (cf. Opacus `register_grad_sampler`).
+
+A rule tells the tapped clipping methods ("ghost", "mixed", "bk") how to get,
+for one layer that owns trainable variables, each example's squared gradient
+norm and the clipped sum Σ_i c_i·g_i, from the layer's recorded calls
+(`layer_taps.TapRecord`) and the output gradients of one batched backward
+pass. It also estimates the layer's share of the work memory for `dp.plan`.
+
+Adding a layer type is one module that subclasses `Rule`, decorates it with
+`@register_rule(LayerClass, ...)`, and is imported by `tfdp.dp.rules`; plus
+`tests/dp/rules/test_<rule>.py`, which calls the shared naive-equivalence
+helper.
+"""
+
+import dataclasses
+
+import tensorflow as tf
+
+from tfdp.dp import layer_taps
+
+_RULES = {}  # Layer class -> rules registered for it, latest first.
+
+BYTES = 4  # Clipping arithmetic is float32.
+TAPPED_METHODS = ("ghost", "mixed", "bk")
+
+
+def register_rule(*layer_classes):
+    """Class decorator: registers a `Rule` subclass for `layer_classes`.
+
+    The rule of a layer is the first registered rule whose `applies(layer)`
+    holds, searching the layer's class and then its bases (MRO order), so a
+    rule for a subclass takes precedence over one for its base class.
+
+    Args:
+        *layer_classes: Keras layer classes the rule handles.
+
+    Returns:
+        The decorator; it returns the class unchanged.
+    """
+
+    def decorate(rule_class):
+        rule = rule_class()
+        for cls in layer_classes:
+            _RULES.setdefault(cls, []).insert(0, rule)
+        return rule_class
+
+    return decorate
+
+
+def rule_for(layer):
+    """The registered `Rule` instance that handles `layer`."""
+    for cls in type(layer).__mro__:
+        for rule in _RULES.get(cls, ()):
+            if rule.applies(layer):
+                return rule
+    raise ValueError(  # The generic rule, registered for keras.layers.Layer, applies to all.
+        f"No clipping rule for layer '{layer.name}'. Received: layer={layer!r}"
+    )
+
+
+def install_taps(model):
+    """Patches every trainable layer of `model` once with its rule's tap.
+
+    Returns:
+        The tapped layers (`layer_taps.tapped_layers`).
+    """
+    layers = layer_taps.tapped_layers(model)
+    for layer in layers:
+        if getattr(layer, "_tfdp_original_call", None) is None:
+            rule = rule_for(layer)
+            original = layer.call
+            layer._tfdp_original_call = original
+            layer._tfdp_rule = rule
+            layer.call = rule.tapped_call(layer, original)
+    return layers
+
+
+def is_float32(layer):
+    """Whether the layer computes and stores its variables in float32."""
+    return (
+        getattr(layer, "compute_dtype", None) == "float32"
+        and all(v.dtype == "float32" for v in getattr(layer, "_trainable_variables", []))
+    )
+
+
+def is_plain(layer):
+    """Not quantized and without LoRA: the kernel is the variable used."""
+    return (
+        getattr(layer, "quantization_mode", None) is None
+        and not getattr(layer, "lora_enabled", False)
+    )
+
+
+@dataclasses.dataclass
+class ClipContext:
+    """What a rule needs to know about the step besides the layer's records.
+
+    Attributes:
+        method: str. "ghost", "mixed" or "bk".
+        k: int. Rows per example (augmentation multiplicity).
+    """
+
+    method: str
+    k: int = 1
+
+
+@dataclasses.dataclass
+class Cost:
+    """A rule's plan for one layer: its dimensions, norm mode and memory.
+
+    Attributes:
+        t: int. Positions per example (T), 0 where not meaningful.
+        p: int. Output width.
+        d: int. Input width (D), unfolded for a conv.
+        mode: str. "ghost" or "instantiate".
+        memory_bytes: int. Work memory for the physical batch.
+        pixel_gram: bool. A conv ghost norm whose U Uᵀ comes from the pixel
+            Gram (`layer_grads.conv_input_gram`).
+    """
+
+    t: int
+    p: int
+    d: int
+    mode: str
+    memory_bytes: int
+    pixel_gram: bool = False
+
+
+class LayerClip:
+    """One layer's per-example squared norms and clipped sums in one step.
+
+    Attributes:
+        variables: list. The layer's own trainable variables.
+        from_backward: bool. Whether "ghost"/"mixed" may take this layer's
+            clipped sum from the second backward pass on Σ_i c_i·L_i. Only
+            where that pass computes exactly what the norm was computed from
+            (float32 compute, no recomputation); otherwise the sum is formed
+            here from the same factors as the norm.
+    """
+
+    variables = ()
+    from_backward = False
+
+    def sq_norm(self, variable):
+        """[B] squared norms of the per-example gradients of `variable`."""
+        raise NotImplementedError
+
+    def dot(self, variable):
+        """[B] ⟨g_i, variable⟩: the cross term of in-loss weight decay."""
+        raise NotImplementedError
+
+    def clipped_sum(self, variable, coeffs, keep=None):
+        """Σ_i c_i·g_i for `variable`, dropping examples where `keep` is False."""
+        raise NotImplementedError
+
+
+def weighted_sum(coeffs, per_example):
+    """Σ_i c_i·x_i over the leading axis; a zero coefficient drops NaN rows."""
+    shape = tf.concat([[-1], tf.ones([tf.rank(per_example) - 1], tf.int32)], 0)
+    return tf.reduce_sum(tf.math.multiply_no_nan(per_example, tf.reshape(coeffs, shape)), 0)
+
+
+class PerExampleClip(LayerClip):
+    """A `LayerClip` from instantiated per-example gradients [B, ...]."""
+
+    def __init__(self, variables, per_example):
+        self.variables = list(variables)
+        self._grads = {id(v): g for v, g in zip(self.variables, per_example)}
+
+    def sq_norm(self, variable):
+        g = self._grads[id(variable)]
+        return tf.reduce_sum(tf.reshape(tf.square(g), [tf.shape(g)[0], -1]), 1)
+
+    def dot(self, variable):
+        g = self._grads[id(variable)]
+        w = tf.cast(tf.convert_to_tensor(variable), g.dtype)
+        return tf.reduce_sum(tf.reshape(g * w[None], [tf.shape(g)[0], -1]), 1)
+
+    def clipped_sum(self, variable, coeffs, keep=None):
+        return weighted_sum(coeffs, self._grads[id(variable)])
+
+
+class Rule:
+    """How the tapped clipping methods handle one kind of layer.
+
+    Subclasses set `name` (shown in plans) and override `clip` and `cost`;
+    `applies` narrows the registered classes (e.g. to an unmodified `call`)
+    and `tapped_call` records what `clip` needs.
+    """
+
+    name = "rule"
+
+    def applies(self, layer):
+        """Whether this rule handles `layer` (an instance of a registered class)."""
+        return True
+
+    def tapped_call(self, layer, original):
+        """The `call` installed on `layer`: records each call when taps are on."""
+        return layer_taps.record_call(layer, original)
+
+    def clip(self, layer, records, output_grads, context):
+        """The layer's `LayerClip` for one step.
+
+        Args:
+            layer: keras.layers.Layer. The layer.
+            records: list of `layer_taps.TapRecord`. Its calls in this step.
+            output_grads: list of tensors. ∂(Σ_i L_i)/∂(recorded output), per call.
+            context: `ClipContext`.
+        """
+        raise NotImplementedError
+
+    def cost(self, layer, records, method, batch_size):
+        """The layer's `Cost` for `dp.plan` (records from a batch of one).
+
+        Args:
+            layer: keras.layers.Layer. The layer.
+            records: list of `layer_taps.TapRecord`. Its calls on the probe.
+            method: str. The resolved clipping method.
+            batch_size: int. The physical batch size.
+        """
+        raise NotImplementedError
