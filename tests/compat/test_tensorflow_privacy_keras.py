@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import tfdp
 from tests.keras.keras_test_case import digits
 from tests.keras.keras_test_case import tiny_model
 from tfdp.compat import tensorflow_privacy
@@ -102,16 +103,35 @@ def test_plain_model_with_unknown_batch_and_larger_microbatches_raises():
         model.fit(x, y, batch_size=16, epochs=1, verbose=0)
 
 
-def test_short_last_batch_with_microbatches_raises():
+def test_dp_model_takes_full_batches_only():
+    # fit on arrays cuts each pass into N // B steps of exactly B examples
+    # (the shuffle sampler); the remainder sits out, so no short last batch
+    # has to be split into microbatches.
     x, y = digits(20)
     model = tensorflow_privacy.DPSequential(C, 0.0, 4, layers=tiny_model().layers)
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss=_loss())
-    with pytest.raises(tf.errors.InvalidArgumentError, match="short last batch"):
-        model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    model.fit(x, y, batch_size=16, epochs=2, verbose=0)
+    assert model.optimizer.iterations.numpy() == 2
+
+
+def test_plain_model_refuses_accumulation():
+    # Keras' own fit has no epoch hook to keep a logical step inside one
+    # epoch, so an example could enter a step twice.
+    x, y = digits(16)
+    model = tiny_model()
+    model.compile(
+        optimizer=tensorflow_privacy.DPKerasSGDOptimizer(C, 1.0, None, 2, learning_rate=1.0),
+        loss=_loss(),
+    )
+    with pytest.raises(ValueError, match="make_private"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
 
 
 def _noise_std(num_microbatches, accumulation=1, sigma=2.0, batch=8):
-    """Std over ~20k coordinates of (noisy - noiseless) one-update change."""
+    """Std over ~20k coordinates of (noisy - noiseless) one-update change.
+
+    With accumulation the model is made private (a plain model refuses it).
+    """
     x, y = digits(batch * accumulation)
     x = x.reshape(len(x), -1)
     inner = keras.Sequential([keras.Input((64,)), keras.layers.Dense(320)])
@@ -123,8 +143,9 @@ def _noise_std(num_microbatches, accumulation=1, sigma=2.0, batch=8):
         optimizer = tensorflow_privacy.DPKerasSGDOptimizer(
             C, noise, num_microbatches, accumulation, learning_rate=1.0
         )
-        inner.compile(optimizer=optimizer, loss=_loss())
-        inner.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+        model = inner if accumulation == 1 else tfdp.make_private(inner)
+        model.compile(optimizer=optimizer, loss=_loss())
+        model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
         deltas.append(np.concatenate(
             [(v.numpy() - s).ravel() for v, s in zip(inner.trainable_variables, start)]
         ))

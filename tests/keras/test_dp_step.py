@@ -28,20 +28,19 @@ class DPStepTest(ktc.KerasTestCase):
                 self.assertEqual(int(dp.optimizer.iterations), 1)
                 self.assertWeightsClose(dp.get_weights(), plain.get_weights())
 
-    def test_virtual_steps_equal_one_step_on_concatenated_batch(self):
-        x, y = ktc.digits(16)
+    def test_stream_step_never_spans_epochs(self):
+        # 24 examples in batches of 8, k=2: each epoch releases the first two
+        # batches as one step; the third starts a step that the next epoch
+        # discards, unreleased (before, it was finished with the next
+        # epoch's first batch).
+        x, y = ktc.digits(24)
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
         dp, plain = self._pair(l2_norm_clip=HUGE_C, gradient_accumulation_steps=2)
-        before = ktc.weights(dp)
-        # First half: accumulated only.
-        dp.fit(x[:8], y[:8], batch_size=8, epochs=1, shuffle=False, verbose=0)
-        self.assertEqual(int(dp.optimizer.iterations), 0)
-        self.assertEqual(int(dp.optimizer.micro_step), 1)
-        self.assertWeightsClose(dp.get_weights(), before, rtol=0, atol=0)
-        # Second half: the update, divided by 2 x 8.
-        dp.fit(x[8:], y[8:], batch_size=8, epochs=1, shuffle=False, verbose=0)
-        self.assertEqual(int(dp.optimizer.iterations), 1)
-        self.assertEqual(int(dp.optimizer.micro_step), 0)
-        ktc.nonprivate_sgd_step(plain, x, y, lr=0.1)
+        dp.fit(ds, epochs=2, verbose=0)
+        self.assertEqual(int(dp.optimizer.iterations), 2)
+        self.assertEqual(int(dp.optimizer.passes), 2)
+        ktc.nonprivate_sgd_step(plain, x[:16], y[:16], lr=0.1)
+        ktc.nonprivate_sgd_step(plain, x[:16], y[:16], lr=0.1)
         self.assertWeightsClose(dp.get_weights(), plain.get_weights())
 
     def test_virtual_steps_in_one_fit(self):
@@ -107,7 +106,7 @@ class DPStepTest(ktc.KerasTestCase):
     def test_expected_batch_size_is_the_divisor(self):
         x, y = ktc.digits(16)
         dp, plain = self._pair(l2_norm_clip=HUGE_C, expected_batch_size=20.0)
-        dp.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+        dp.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(16), epochs=1, verbose=0)
         ktc.nonprivate_sgd_step(plain, x, y, lr=0.1, divisor=20.0)
         self.assertWeightsClose(dp.get_weights(), plain.get_weights())
 

@@ -1,9 +1,12 @@
 """Keras integration: `model.fit` with DP-SGD.
 
-- `DPOptimizer`: wraps a Keras optimizer with the DP-SGD hyperparameters
-  (clipping bound, noise multiplier, virtual steps) and the ledger settings.
-- `DPModel` / `make_private`: a model whose `train_step` clips per example,
-  accumulates, noises once per logical step and updates.
+- `DPOptimizer`: wraps a Keras optimizer with a `tfdp.DPSGD` mechanism
+  (clipping bound, noise multiplier, sampler, δ, secret key) and virtual
+  steps; its noisy aggregator is the trainer's.
+- `DPModel` / `make_private`: a model whose `fit` draws the logical steps
+  (Poisson batches of arrays by default) and whose `train_step` clips per
+  example, accumulates, noises once per logical step and updates.
+- `array_batches`: the physical batches `fit` draws from arrays.
 - `callbacks`: `PrivacyLogger` (epsilon in the logs) and `PrivacyBudget`.
 
 See `docs/KERAS.md`.

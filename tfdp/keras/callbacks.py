@@ -1,9 +1,11 @@
 """Keras callbacks for private models: epsilon in the logs, and a budget.
 
-Both read the step count from `model.optimizer.iterations` (the number of
-noisy updates of the `DPOptimizer`), which checkpoints carry, so a run resumed
-by `keras.callbacks.BackupAndRestore` or from a `ModelCheckpoint` reports and
-enforces the epsilon of all the steps taken, not just this `fit` call's.
+Both read the run's ledger from the `DPOptimizer` (`optimizer.ledger()`):
+the mechanism's sampler and the step count `iterations` (noisy updates),
+which checkpoints carry, so a run resumed by `keras.callbacks.BackupAndRestore`
+or from a `ModelCheckpoint` reports and enforces the epsilon of all the steps
+taken, not just this `fit` call's. A streamed (tf.data) input is accounted at
+least one pass per epoch that released a step.
 """
 
 import os
@@ -41,13 +43,14 @@ class _LedgerCallback(keras.callbacks.Callback):
         return _dp_optimizer(self.model).logical_batch_size is not None
 
     def _steps(self):
-        return int(_dp_optimizer(self.model).iterations.numpy())
+        """The steps the ledger composes (see `DPOptimizer.accounted_steps`)."""
+        return self._ledger().steps
 
     def epsilon(self):
         """Epsilon after the noisy updates taken so far (cached per step)."""
-        steps = self._steps()
-        if self._cache[0] != steps:
-            self._cache = (steps, self._ledger(steps).epsilon())
+        ledger = self._ledger()
+        if self._cache[0] != ledger.steps:
+            self._cache = (ledger.steps, ledger.epsilon())
         return self._cache[1]
 
 
@@ -157,17 +160,28 @@ class PrivacyBudget(_LedgerCallback):
                 "pass `expected_batch_size=` to the DPOptimizer, `batch_size=` "
                 "to fit, or a dataset with a static batch dimension."
             )
-        self.max_steps = self._ledger().max_steps_within(self.target_epsilon)
+        ledger = self._ledger()
+        self.max_steps = ledger.max_steps_within(self.target_epsilon)
         self.stopped_at_step = None
-        optimizer._max_steps_var.assign(self.max_steps)
+        self._pass_steps = _dp_optimizer(self.model)._accounting_mechanism(
+            self.dataset_size, self.delta).sampler.steps_per_epoch
+        optimizer.set_budget(self.max_steps, self._pass_steps)
         self._check()
 
     def on_train_batch_end(self, batch, logs=None):
         self._check()
 
-    def _check(self):
+    def on_epoch_end(self, epoch, logs=None):
+        # A streamed input accounts a whole pass per epoch that releases a
+        # step: stop when the next one would not fit.
+        optimizer = _dp_optimizer(self.model)
+        if optimizer.counts_passes:
+            passes = int(optimizer.passes.numpy())
+            self._check(extra=(passes + 1) * int(self._pass_steps) > self.max_steps)
+
+    def _check(self, extra=False):
         steps = self._steps()
-        if steps >= self.max_steps and not self.model.stop_training:
+        if (steps >= self.max_steps or extra) and not self.model.stop_training:
             self.model.stop_training = True
             self.stopped_at_step = steps
             if self.verbose:
@@ -177,4 +191,4 @@ class PrivacyBudget(_LedgerCallback):
                 )
 
     def on_train_end(self, logs=None):
-        _dp_optimizer(self.model)._max_steps_var.assign(-1)
+        _dp_optimizer(self.model).set_budget(-1)

@@ -1,7 +1,9 @@
 """`DPModel` / `make_private`: a Keras model whose `train_step` is DP-SGD.
 
 `DPModel` wraps any built or unbuilt Keras model (Functional, Sequential or
-subclassed) and overrides `train_step` only: `evaluate`, `predict`, `save`
+subclassed) and overrides `fit` (which draws the logical steps: Poisson or
+shuffled batches of arrays, or a stream's batches, never a step across two
+epochs; see `DPModel.fit`) and `train_step`: `evaluate`, `predict`, `save`
 and `load_model` work as for any Keras model (the wrapper and `DPOptimizer`
 are registered serialisables; `dp_model.model` is the plain inner model).
 
@@ -17,12 +19,19 @@ update); `tfdp.compat.tensorflow_privacy` also runs it for plain Keras models
 compiled with a TF-Privacy optimizer, with TF-Privacy's microbatches.
 """
 
+import inspect
+import sys
+import warnings
+
 import keras
 import numpy as np
 import tensorflow as tf
+from keras.src.backend.tensorflow import trainer as keras_tf_trainer
+from keras.src.trainers.data_adapters import array_slicing
 
 from tfdp.dp import clipping
 from tfdp.dp import layer_taps
+from tfdp.keras import array_batches
 from tfdp.keras.dp_optimizer import DPOptimizer
 
 
@@ -106,7 +115,7 @@ def _regularized_layers(model):
 
 
 def private_update(model, optimizer, per_example_loss, x, y, sample_weight=None, *,
-                   batch_size=None):
+                   batch_size=None, last=None):
     """The DP-SGD half of a `fit` step: clip, accumulate, noise, update.
 
     Clips each example's gradient (or, for an optimizer with a
@@ -132,6 +141,10 @@ def private_update(model, optimizer, per_example_loss, x, y, sample_weight=None,
         batch_size: int or None. The `fit` batch size; needed with
             microbatches when the traced batch dimension is unknown.
             Defaults to `None`.
+        last: bool scalar tensor or None. True on the last physical batch of
+            a logical step (tfdp's array batches). Defaults to `None`: the
+            step ends after the optimizer's `gradient_accumulation_steps`
+            batches of one epoch.
 
     Returns:
         The predictions of the clipping forward pass (for metrics).
@@ -187,7 +200,7 @@ def private_update(model, optimizer, per_example_loss, x, y, sample_weight=None,
         y_pred = captured[0]  # The batched forward pass of the clipping.
     else:  # Per-example forward passes: recompute the batch's predictions.
         y_pred = model(x, training=True)
-    optimizer._dp_accumulate(clipped_sum, variables, rows // group)
+    optimizer._dp_accumulate(clipped_sum, variables, last=last)
     return y_pred
 
 
@@ -234,10 +247,11 @@ class DPModel(keras.Model):
     """A Keras model trained with DP-SGD by `fit`.
 
     Wraps `model` and delegates `call` to it. Compile it with a
-    `tfdp.DPOptimizer`; `fit` then clips each example's gradient, accumulates
-    the clipped sums over the optimizer's virtual steps, adds noise once per
-    logical step and updates. Compiled metrics are computed from the
-    predictions of the clipping forward pass.
+    `tfdp.DPOptimizer`; `fit` then draws the logical steps (see `fit`),
+    clips each example's gradient, accumulates the clipped sums over the
+    step's physical batches, adds noise once per logical step and updates.
+    Compiled metrics are computed from the predictions of the clipping
+    forward pass.
 
     Args:
         model: `keras.Model`. The model to train privately; it must not
@@ -326,42 +340,104 @@ class DPModel(keras.Model):
             )
         return optimizer
 
-    def fit(self, x=None, y=None, batch_size=None, **kwargs):
-        """`keras.Model.fit`, recording the batch and dataset sizes first.
+    def fit(self, x=None, y=None, batch_size=None, epochs=1, callbacks=None,
+            validation_split=0.0, validation_data=None, shuffle=True, class_weight=None,
+            sample_weight=None, steps_per_epoch=None, **kwargs):
+        """`keras.Model.fit` with DP-SGD batches and accounting.
 
-        The physical batch size (times the virtual steps) becomes the noise
-        divisor unless the DPOptimizer has `expected_batch_size`; for array
-        inputs, the number of training examples becomes the ledger's N unless
-        the DPOptimizer has `dataset_size`.
+        Arrays (numpy or tensors) are batched by tfdp (see
+        `tfdp.keras.array_batches`): with the sampler "poisson" (the
+        default for arrays) each logical step holds each example
+        independently with probability q = B/N, drawn with the mechanism's
+        secret sampling key; with "shuffle" each pass is cut into N // B steps
+        of exactly B examples in a secret random order (`shuffle=False`: the
+        arrays' order). Either way the step is split into physical batches of
+        `batch_size`, padded with weight-0 examples, and an epoch is N/B
+        logical steps (`steps_per_epoch` overrides it, in logical steps).
+
+        Any other input (a `tf.data.Dataset`, a generator) is a stream of the
+        user's batches, `gradient_accumulation_steps` per logical step,
+        accounted once per pass; it must hold each example at most once per
+        epoch. Its sampler must be "shuffle": Poisson sampling needs arrays.
+
+        In every case a logical step never spans two epochs: an unfinished
+        step is discarded, unreleased, at each epoch start.
+
+        Args: as `keras.Model.fit`. `class_weight` is not supported with
+        arrays (use `sample_weight`).
         """
         optimizer = self.dp_optimizer
-        physical = batch_size
-        if isinstance(x, tf.data.Dataset):
-            dims = [s.shape[0] for s in tf.nest.flatten(x.element_spec)
-                    if isinstance(s, tf.TensorSpec) and s.shape.rank]
-            physical = dims[0] if dims and dims[0] is not None else None
-        elif _is_array(x):
-            physical = batch_size or 32  # Keras' default for arrays.
-            n = len(x)
-            split = kwargs.get("validation_split") or 0.0
-            if split and kwargs.get("validation_data") is None:
-                n = int(np.floor(n * (1.0 - split)))
-            optimizer.inferred_dataset_size = n
-        optimizer._set_fit_batch_size(physical)
-        self._dp_fit_batch_size = physical
         if self.model.built and not optimizer.built:
             optimizer.build(self.model.trainable_variables)
-        return super().fit(x, y, batch_size=batch_size, **kwargs)
+        callbacks = list(callbacks or [])
+        common = dict(epochs=epochs, validation_data=validation_data, **kwargs)
+        if _is_array(x):
+            if class_weight is not None:
+                raise ValueError(
+                    "A private model's fit on arrays takes `sample_weight`, not "
+                    f"`class_weight`. Received: class_weight={class_weight!r}"
+                )
+            if y is None:
+                raise ValueError("A private model's fit on arrays needs targets. Received: y=None")
+            if validation_split and validation_data is None:
+                (x, y, sample_weight), common["validation_data"] = (
+                    array_slicing.train_validation_split(
+                        (x, y, sample_weight), validation_split=validation_split)
+                )
+            physical = batch_size or 32  # Keras' default for arrays.
+            plan = optimizer.plan_fit(arrays=True, dataset_size=len(x),
+                                      physical_batch_size=physical, shuffle=bool(shuffle))
+            dataset = array_batches.step_batches(
+                x, y, sample_weight, plan.sampler, optimizer.sampling_key,
+                ordered=plan.route == "ordered", first_step=optimizer._epoch_first_step,
+                steps_per_epoch=steps_per_epoch or plan.steps_per_epoch,
+            )
+            if plan.route != "poisson":
+                # N // B steps of B / P batches each: Keras knows each epoch's end.
+                dataset = dataset.apply(tf.data.experimental.assert_cardinality(
+                    (steps_per_epoch or plan.steps_per_epoch)
+                    * (plan.sampler.logical_batch_size // physical)))
+            common["callbacks"] = [_EpochBoundary(plan.route == "poisson")] + callbacks
+            common.setdefault("validation_batch_size", physical)
+            self._dp_prepare(plan, physical)
+            with warnings.catch_warnings():
+                # Poisson epochs have a random number of physical batches,
+                # so Keras finds each epoch's end by exhausting the dataset.
+                warnings.filterwarnings("ignore", message="Your input ran out of data")
+                return super().fit(dataset, shuffle=False, **common)
+        physical = _stream_batch_size(x, batch_size)
+        plan = optimizer.plan_fit(arrays=False, physical_batch_size=physical,
+                                  shuffle=bool(shuffle))
+        self._dp_prepare(plan, physical)
+        common["callbacks"] = [_EpochBoundary()] + callbacks
+        return super().fit(x, y, batch_size=batch_size, validation_split=validation_split,
+                           shuffle=shuffle, class_weight=class_weight,
+                           sample_weight=sample_weight, steps_per_epoch=steps_per_epoch,
+                           **common)
+
+    def _dp_prepare(self, plan, physical_batch_size):
+        """Retraces the train step when the route or the mechanism changed."""
+        optimizer = self.dp_optimizer
+        traced_for = (plan.route, id(optimizer.mechanism))
+        if getattr(self, "_dp_traced_for", None) != traced_for:
+            self.train_function = None
+            self._dp_traced_for = traced_for
+        self._dp_marks_last = plan.marks_last_batch
+        self._dp_fit_batch_size = physical_batch_size
 
     # ------------------------------------------------------------------
     # The DP train step
     # ------------------------------------------------------------------
 
     def train_step(self, data):
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        last = None
+        if getattr(self, "_dp_marks_last", False):
+            x, y, sample_weight, last = data
+        else:
+            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         y_pred = private_update(
             self.model, self.dp_optimizer, self._dp_loss_fn, x, y, sample_weight,
-            batch_size=getattr(self, "_dp_fit_batch_size", None),
+            batch_size=getattr(self, "_dp_fit_batch_size", None), last=last,
         )
         loss = self._compute_loss(
             x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
@@ -402,6 +478,75 @@ class DPModel(keras.Model):
 
 def _is_array(x):
     return isinstance(x, np.ndarray) or (tf.is_tensor(x) and x.shape.rank)
+
+
+def _stream_batch_size(x, batch_size):
+    """The physical batch size of a streamed input, or None if unknown.
+
+    A `tf.data.Dataset`'s static batch dimension, else its first batch's
+    (the iterator is re-created by `fit`); `batch_size` for other inputs.
+    """
+    if not isinstance(x, tf.data.Dataset):
+        return batch_size
+    if x.cardinality() == tf.data.INFINITE_CARDINALITY:
+        # Keras' epochs would then not be passes: a logical step could span
+        # two and hold an example twice, and the passes would be miscounted.
+        raise ValueError(
+            "A private model's fit needs one pass over the data per epoch: give "
+            "a finite dataset (no `.repeat()`), or arrays. Received: a dataset "
+            "of infinite cardinality"
+        )
+    dims = [s.shape[0] for s in tf.nest.flatten(x.element_spec)
+            if isinstance(s, tf.TensorSpec) and s.shape.rank]
+    if dims and dims[0] is not None:
+        return int(dims[0])
+    for element in x.take(1):
+        return int(tf.shape(tf.nest.flatten(element)[0])[0])
+    return None
+
+
+# Keras' `fit` (TensorFlow backend): its frame holds the epoch iterator.
+_KERAS_FIT = inspect.unwrap(keras_tf_trainer.TensorFlowTrainer.fit).__code__
+
+
+def keras_fit_epoch_iterator():
+    """The `EpochIterator` of the Keras `fit` call on the stack, or None."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is _KERAS_FIT:
+            return frame.f_locals.get("epoch_iterator")
+        frame = frame.f_back
+    return None
+
+
+class _EpochBoundary(keras.callbacks.Callback):
+    """Starts each epoch with an empty logical step (see `DPOptimizer.start_epoch`).
+
+    Args:
+        variable_length: bool. The epochs have a random number of physical
+            batches (Poisson steps): Keras must not cut an epoch to the
+            length it learnt from the first one.
+    """
+
+    def __init__(self, variable_length=False):
+        super().__init__()
+        self.variable_length = variable_length
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.model.dp_optimizer.start_epoch()
+        if self.variable_length:
+            # A dataset of unknown length is run to its end in the first
+            # epoch, and later ones are cut to that number of batches
+            # (`EpochIterator._num_batches`); forget it, so that each epoch
+            # runs to its own end.
+            iterator = keras_fit_epoch_iterator()
+            if iterator is None or not hasattr(iterator, "_num_batches"):
+                raise RuntimeError(
+                    "tfdp could not find the epoch iterator of Keras' fit (has "
+                    "Keras changed?); Poisson epochs would be cut short. Received: "
+                    f"keras {keras.__version__}"
+                )
+            iterator._num_batches = None
 
 
 def make_private(model):

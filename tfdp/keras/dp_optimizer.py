@@ -1,19 +1,25 @@
-"""`DPOptimizer`: the DP-SGD hyperparameters and state of a private Keras model.
+"""`DPOptimizer`: the DP-SGD contract and state of a private Keras model.
 
-A `DPOptimizer` wraps any Keras 3 optimizer. It holds the clipping bound,
-the noise multiplier, the number of virtual steps and what the privacy
-accountant needs, plus the state of a logical step (gradient accumulators and
-a micro-step counter). It is only a half of DP-SGD: the per-example clipping
-happens in the train step of a private model (`tfdp.make_private` /
-`tfdp.DPModel`), which hands it clipped gradient sums. Its own `apply` and
-`apply_gradients` always raise, so that a model whose default Keras
-`train_step` would apply plain (unclipped, noiseless) gradients fails loudly
-instead of training non-privately.
+A `DPOptimizer` wraps any Keras 3 optimizer with a `tfdp.DPSGD` mechanism
+(C, σ, the sampler, δ, the accountant and the secret key) and the state of a
+logical step. It is only a half of DP-SGD: the per-example clipping happens
+in the train step of a private model (`tfdp.make_private` / `tfdp.DPModel`),
+which hands it clipped gradient sums; the end of each logical step
+(accumulate → noise once → divide) is the mechanism's shared
+`tfdp.dp.noisy_aggregator.NoisyAggregator`, the same code as the trainer's.
+Its own `apply` and `apply_gradients` always raise, so that a model whose
+default Keras `train_step` would apply plain (unclipped, noiseless)
+gradients fails loudly instead of training non-privately.
 
-Checkpointing: `iterations` is the wrapped optimizer's step counter, i.e. the
-number of noisy updates taken. It, the accumulators and the micro-step counter
-are optimizer variables, so `model.save_weights`, `ModelCheckpoint` and
-`BackupAndRestore` carry them, and a resumed run reports the right epsilon.
+What is saved: `iterations` (the wrapped optimizer's step counter, i.e. the
+noisy updates taken), the wrapped optimizer's slots and the count of passes
+a streamed input released steps in. Never saved: the secret key (a graph
+constant), and the accumulators, which hold the un-noised clipped sum of the
+logical step in progress: they are plain variables outside the optimizer's
+`variables`, so no `.keras` file, weights file or Keras checkpoint can
+contain an un-noised partial sum. A resumed run does not need them: a
+logical step never spans two epochs (`DPModel.fit` discards an unfinished
+one, unreleased, at each epoch start), and Keras resumes at an epoch start.
 """
 
 import math
@@ -22,9 +28,10 @@ import keras
 import tensorflow as tf
 from keras.src.utils import tracking
 
+from tfdp import mechanism as mechanism_lib
+from tfdp import samplers
 from tfdp import secret_key as secret_key_lib
 from tfdp.dp import clipping
-from tfdp.dp import noise as noise_lib
 
 _NOT_PLAIN = (
     "DPOptimizer cannot be used as a plain optimizer: it was asked to apply "
@@ -35,10 +42,39 @@ _NOT_PLAIN = (
     "compile it with the DPOptimizer."
 )
 
+# How `DPModel.fit` feeds the optimizer (see `DPOptimizer.plan_fit`).
+POISSON = "poisson"  # Arrays, Poisson batches drawn by tfdp.
+SHUFFLE = "shuffle"  # Arrays, a secret permutation per pass.
+ORDERED = "ordered"  # Arrays, `shuffle=False`: the arrays' order.
+STREAM = "stream"  # A tf.data.Dataset (or other iterable): the user's batches.
+ARRAY_ROUTES = (POISSON, SHUFFLE, ORDERED)
+
+
+class FitPlan:
+    """What `DPOptimizer.plan_fit` decided for one `fit` call.
+
+    Args:
+        route: str. One of `POISSON`, `SHUFFLE`, `ORDERED`, `STREAM`.
+        sampler: `tfdp.samplers.Sampler` or None. Draws the array routes'
+            logical steps, with the fit batch size as physical batch size.
+        steps_per_epoch: int or None. Logical steps per Keras epoch (array
+            routes).
+    """
+
+    def __init__(self, route, sampler, steps_per_epoch):
+        self.route = route
+        self.sampler = sampler
+        self.steps_per_epoch = steps_per_epoch
+
+    @property
+    def marks_last_batch(self):
+        """Whether the batches carry the `last` flag of their logical step."""
+        return self.route in ARRAY_ROUTES
+
 
 @keras.saving.register_keras_serializable(package="tfdp")
 class DPOptimizer(keras.optimizers.Optimizer):
-    """Wraps a Keras optimizer with DP-SGD clipping, noise and virtual steps.
+    """Wraps a Keras optimizer with a DP-SGD mechanism and virtual steps.
 
     Use it with a private model only:
 
@@ -52,52 +88,75 @@ class DPOptimizer(keras.optimizers.Optimizer):
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )
-    model.fit(x, y, batch_size=250, epochs=15)
+    model.fit(x, y, batch_size=250, epochs=15)  # Poisson batches, q = 250/N.
     ```
 
-    One logical (noisy) step covers `gradient_accumulation_steps` consecutive
-    `fit` batches: their per-example clipped gradient sums are accumulated,
-    Gaussian noise of std `noise_multiplier * l2_norm_clip` is added once, the
-    result is divided by the expected logical batch size and the wrapped
-    optimizer updates once. `iterations` counts these logical steps.
+    or with a mechanism built beforehand (e.g. calibrated to a target ε):
+
+    ```python
+    mechanism = tfdp.DPSGD(1.0, target_epsilon=3.0, steps=15 * len(x) // 250,
+                           sampler=tfdp.samplers.make_sampler(
+                               "poisson", dataset_size=len(x), logical_batch_size=250))
+    model.compile(optimizer=tfdp.DPOptimizer("sgd", mechanism=mechanism), ...)
+    ```
+
+    Each logical (noisy) step sums its examples' clipped gradients over one
+    or more `fit` batches, adds Gaussian noise of std σ·C once, divides by
+    the public expected logical batch size B and updates the wrapped
+    optimizer once; `iterations` counts these steps. How the steps are
+    drawn (see `DPModel.fit` and docs/KERAS.md):
+
+    - arrays with `sampler="poisson"` (the default for arrays): each step
+      holds each example independently with probability q = B/N, drawn with
+      the mechanism's secret sampling key, in `fit` batches of
+      `batch_size` padded with weight-0 examples; accounted with
+      amplification by sampling;
+    - arrays with `sampler="shuffle"`, or `fit(shuffle=False)`: N // B steps
+      of exactly B examples per pass, in a secret random (or the arrays')
+      order; a tf.data input: the dataset's own batches, k per step, a step
+      never spanning two epochs. Accounted with no amplification (one
+      Gaussian mechanism per pass), which holds for any order.
 
     Args:
         optimizer: `keras.optimizers.Optimizer` (or its identifier, e.g.
             `"sgd"`). The optimizer applied once per logical step.
-        l2_norm_clip: float. Per-example clipping bound C > 0.
-        noise_multiplier: float. sigma >= 0; the noise std on the clipped sum
-            of a logical batch is sigma * C. This is the effective multiplier
-            the accountant uses.
-        gradient_accumulation_steps: int. Virtual steps k >= 1: number of
-            `fit` batches per noisy update. Defaults to `1`.
+        l2_norm_clip: float. Per-example clipping bound C > 0 (without
+            `mechanism`).
+        noise_multiplier: float. σ >= 0; the noise std on the clipped sum
+            of a logical batch is σ·C (without `mechanism`).
+        mechanism: `tfdp.DPSGD` or None. The whole privacy contract; then
+            pass none of the privacy arguments here. Its sampler fixes N and
+            B (fit's `batch_size` is the physical batch). Defaults to `None`:
+            `fit` builds one from the arguments here and its inputs.
+        gradient_accumulation_steps: int. k >= 1: `fit` batches per logical
+            step, for shuffled or streamed batches; with the default
+            `expected_batch_size`, B = k × `batch_size`. Defaults to `1`.
         method: str. Clipping method of `tfdp.dp.clipped_grad_sum`
             (`"auto"`, `"bk"`, `"mixed"`, `"ghost"`, `"vectorized"`,
             `"naive"`). Defaults to `"auto"`.
-        expected_batch_size: float or None. Divisor of the noisy sum: the
-            expected logical batch size (q * N under Poisson sampling). Fixed
-            and public; never the realised size. Defaults to `None`: the
-            `fit` batch size times k (taken from `fit(batch_size=...)`, a
-            batched `tf.data.Dataset`'s static batch dimension, Keras' default
-            of 32 for arrays, or else the first batch).
+        expected_batch_size: int or None. B: the expected (Poisson) or exact
+            (shuffle) logical batch size and the divisor of the noisy sum;
+            public, never the realised size. Defaults to `None`: k times the
+            `fit` batch size (taken from `fit(batch_size=...)`, a batched
+            `tf.data.Dataset`'s batch dimension or its first batch, or Keras'
+            default of 32 for arrays).
         weight_decay: float. In-loss L2 coefficient on conv/dense kernels,
             clipped with the gradient (Kurakin et al. 2022). Defaults to `0`.
         insecure_reproducible_seed: int or None. INSECURE, for tests and
-            reproducible research: derive the noise from this public seed.
-            No epsilon holds against anyone who knows it; it warns. Defaults
-            to `None`: the noise comes from a secret key drawn from the OS's
-            entropy when the optimizer is created. That key is never saved
+            reproducible research: derive the noise and sampling key from
+            this public seed. No ε holds against anyone who knows it; it
+            warns. Defaults to `None`: a secret key drawn from the OS's
+            entropy when the optimizer is created. The key is never saved
             (not in `.keras` files, weights or configs), so a run resumed
-            from a Keras checkpoint continues with fresh secret noise.
-        dataset_size: int or None. N, for the privacy ledger. Defaults to
-            `None`: inferred by `fit` from array inputs.
-        delta: float or None. Target delta of the ledger. Defaults to `None`:
-            the largest power of ten below 1/N.
-        sampler: str. How batches are drawn, for accounting: `"shuffle"`
-            (fixed-size batches of a shuffled dataset, which is what
-            `fit(x, y, shuffle=True)` does) or `"poisson"`. Defaults to
-            `"shuffle"`.
-        accountant: str. `"rdp"` or `"pld"` (Poisson only). Defaults to
-            `"rdp"`.
+            from a Keras checkpoint continues with a fresh secret key.
+        dataset_size: int or None. N. Defaults to `None`: the length of the
+            arrays given to `fit`; needed for a tf.data input's ledger.
+        delta: float or None. δ of the ledger. Defaults to `None`: the
+            largest power of ten below 1/N.
+        sampler: str or None. `"poisson"` or `"shuffle"`. Defaults to
+            `None`: `"poisson"` for arrays (`"shuffle"` accounting with
+            `fit(shuffle=False)`), `"shuffle"` for a tf.data input.
+        accountant: str. `"rdp"` or `"pld"`. Defaults to `"rdp"`.
         num_microbatches: must be `None`. tfdp always clips per example
             (TF-Privacy's `num_microbatches == batch_size`); use
             `gradient_accumulation_steps` for virtual steps.
@@ -107,9 +166,10 @@ class DPOptimizer(keras.optimizers.Optimizer):
     def __init__(
         self,
         optimizer,
-        l2_norm_clip,
-        noise_multiplier,
+        l2_norm_clip=None,
+        noise_multiplier=None,
         *,
+        mechanism=None,
         gradient_accumulation_steps=1,
         method="auto",
         expected_batch_size=None,
@@ -117,7 +177,7 @@ class DPOptimizer(keras.optimizers.Optimizer):
         insecure_reproducible_seed=None,
         dataset_size=None,
         delta=None,
-        sampler="shuffle",
+        sampler=None,
         accountant="rdp",
         num_microbatches=None,
         name=None,
@@ -154,14 +214,45 @@ class DPOptimizer(keras.optimizers.Optimizer):
                 "Received: optimizer.gradient_accumulation_steps="
                 f"{optimizer.gradient_accumulation_steps}"
             )
-        if not (isinstance(l2_norm_clip, (int, float)) and l2_norm_clip > 0):
-            raise ValueError(
-                f"l2_norm_clip must be > 0. Received: l2_norm_clip={l2_norm_clip}"
+        if mechanism is not None:
+            if not isinstance(mechanism, mechanism_lib.DPSGD):
+                raise ValueError(
+                    f"mechanism must be a tfdp.DPSGD. Received: mechanism={mechanism!r}"
+                )
+            given = {
+                "l2_norm_clip": l2_norm_clip, "noise_multiplier": noise_multiplier,
+                "expected_batch_size": expected_batch_size,
+                "insecure_reproducible_seed": insecure_reproducible_seed,
+                "dataset_size": dataset_size, "delta": delta, "sampler": sampler,
+            }
+            given = sorted(k for k, v in given.items() if v is not None)
+            if accountant != "rdp":
+                given.append("accountant")
+            if given:
+                raise ValueError(
+                    "Pass the privacy parameters in the mechanism only, so that they "
+                    f"are set in one place. Received: a mechanism and {given}"
+                )
+            l2_norm_clip = mechanism.l2_norm_clip
+            noise_multiplier = mechanism.noise_multiplier
+            accountant = mechanism.accountant
+            secret_key = mechanism.secret_key
+        else:
+            if l2_norm_clip is None or noise_multiplier is None:
+                raise ValueError(
+                    "DPOptimizer needs l2_norm_clip and noise_multiplier, or a "
+                    "mechanism (tfdp.DPSGD). Received: "
+                    f"l2_norm_clip={l2_norm_clip}, noise_multiplier={noise_multiplier}"
+                )
+            secret_key = secret_key_lib.SecretKey.resolve(
+                insecure_seed=insecure_reproducible_seed
             )
-        if not (isinstance(noise_multiplier, (int, float)) and noise_multiplier >= 0):
-            raise ValueError(
-                "noise_multiplier must be >= 0. "
-                f"Received: noise_multiplier={noise_multiplier}"
+            # The contract validates C, σ, B, δ and the accountant now; the
+            # mechanism of a fit is built when N and the batch size are known.
+            mechanism_lib.DPSGD(
+                l2_norm_clip, noise_multiplier, delta=delta or 1e-5, accountant=accountant,
+                expected_batch_size=1.0 if expected_batch_size is None else expected_batch_size,
+                secret_key=secret_key,
             )
         k = gradient_accumulation_steps
         if not (isinstance(k, int) and not isinstance(k, bool) and k >= 1):
@@ -174,15 +265,10 @@ class DPOptimizer(keras.optimizers.Optimizer):
                 f"Unknown clipping method. Expected one of {clipping.METHODS}. "
                 f"Received: method={method!r}"
             )
-        if expected_batch_size is not None and not expected_batch_size > 0:
+        if sampler not in (None, "shuffle", "poisson"):
             raise ValueError(
-                "expected_batch_size must be > 0. "
-                f"Received: expected_batch_size={expected_batch_size}"
-            )
-        if sampler not in ("shuffle", "poisson"):
-            raise ValueError(
-                "sampler must be 'shuffle' or 'poisson'. "
-                f"Received: sampler={sampler!r}"
+                "sampler must be 'poisson', 'shuffle' or None (poisson for arrays, "
+                f"shuffle for a tf.data input). Received: sampler={sampler!r}"
             )
         super().__init__(learning_rate=0.0, name=name)
         self.inner_optimizer = optimizer
@@ -194,28 +280,35 @@ class DPOptimizer(keras.optimizers.Optimizer):
             None if expected_batch_size is None else float(expected_batch_size)
         )
         self.weight_decay = float(weight_decay)
-        self.insecure_reproducible_seed = insecure_reproducible_seed
-        key = secret_key_lib.SecretKey.resolve(insecure_seed=insecure_reproducible_seed)
-        # A graph constant, not an optimizer variable: optimizer variables are
-        # written into `.keras` files and weights, which may be released.
-        self._noise_key = tf.constant(key.derive("noise"), tf.int64)
         self.dataset_size = None if dataset_size is None else int(dataset_size)
         self.delta = None if delta is None else float(delta)
         self.sampler = sampler
         self.accountant = accountant
-        # Set by `DPModel.fit` from its arguments; not configuration.
-        self.inferred_dataset_size = None
-        # Run-time controls, deliberately not optimizer variables (so not in
-        # checkpoints): the divisor actually used (0: take it from the first
-        # batch) and the step cap set by `tfdp.callbacks.PrivacyBudget`
-        # (-1: none).
-        self._batch_size_var = tf.Variable(
-            self.expected_batch_size or 0.0, trainable=False, dtype=tf.float32,
-            name="dp_expected_batch_size",
-        )
-        self._max_steps_var = tf.Variable(
-            -1, trainable=False, dtype=tf.int64, name="dp_max_steps"
-        )
+        self._given_mechanism = mechanism
+        self._secret_key = secret_key
+        self.insecure_reproducible_seed = self._secret_key.insecure_seed
+        # The divisor of the noisy sum when it is not the logical batch size
+        # (TF-Privacy's microbatches divide by their number); set by
+        # `tfdp.compat.tensorflow_privacy`.
+        self._noise_divisor = None
+        # Set by `plan_fit`: the mechanism in use, its aggregator and the plan.
+        self.mechanism = None
+        self._aggregator = None
+        self.fit_plan = None
+        self._plan_key = None
+        # Run-time state, deliberately not optimizer variables (never saved):
+        # the physical batches of the logical step in progress, whether this
+        # epoch released a step, the first step of this epoch (read by the
+        # array pipelines) and the budget set by `PrivacyBudget`.
+        self._micro_step = tf.Variable(0, trainable=False, dtype=tf.int64,
+                                       name="dp_micro_step")
+        self._epoch_released = tf.Variable(False, trainable=False, name="dp_epoch_released")
+        self._epoch_first_step = tf.Variable(0, trainable=False, dtype=tf.int64,
+                                             name="dp_epoch_first_step")
+        self._max_steps_var = tf.Variable(-1, trainable=False, dtype=tf.int64,
+                                          name="dp_max_steps")
+        self._pass_steps_var = tf.Variable(0, trainable=False, dtype=tf.int64,
+                                           name="dp_pass_steps")
 
     # ------------------------------------------------------------------
     # Variables and delegation.
@@ -223,11 +316,14 @@ class DPOptimizer(keras.optimizers.Optimizer):
 
     @tracking.no_automatic_dependency_tracking
     def build(self, var_list):
-        self.micro_step = self.add_variable(
-            shape=(), dtype="int", initializer="zeros", name="dp_micro_step"
+        # Passes of a streamed input that released a step: a count, saved.
+        self.passes = self.add_variable(
+            shape=(), dtype="int", initializer="zeros", name="dp_passes"
         )
-        self.accumulators = [
-            self.add_variable_from_reference(v, name="dp_accumulator")
+        # Un-noised clipped sums: plain variables, not in `self.variables`,
+        # so never written to a `.keras` file, weights or a Keras checkpoint.
+        self._accumulators = [
+            tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name="dp_accumulator")
             for v in var_list
         ]
         self.inner_optimizer.build(var_list)
@@ -270,128 +366,296 @@ class DPOptimizer(keras.optimizers.Optimizer):
         raise RuntimeError(_NOT_PLAIN)
 
     # ------------------------------------------------------------------
-    # The DP step (called by `DPModel.train_step` only).
+    # The mechanism of a fit call.
     # ------------------------------------------------------------------
 
-    def _set_fit_batch_size(self, physical_batch_size):
-        """Fixes the divisor for a `fit` call (eager)."""
-        if self.expected_batch_size is not None:
-            value = self.expected_batch_size
-        elif physical_batch_size:
-            value = float(physical_batch_size * self.accumulation_steps)
+    def _sampler_name(self):
+        given = self._given_mechanism
+        if given is not None:
+            return given.sampler.name if given.sampler is not None else None
+        return self.sampler
+
+    def plan_fit(self, *, arrays, dataset_size=None, physical_batch_size=None, shuffle=True):
+        """Fixes the mechanism and the batches of a `fit` call (eager).
+
+        Args:
+            arrays: bool. Whether `fit` got arrays (random access), which
+                tfdp batches itself; else a stream of the user's batches.
+            dataset_size: int or None. N of the arrays.
+            physical_batch_size: int or None. The `fit` batch size.
+            shuffle: bool. `fit(shuffle=...)`.
+
+        Returns:
+            A `FitPlan`.
+
+        Raises:
+            ValueError: for a streamed input with the Poisson sampler, for
+                `shuffle=False` with it, or for missing sizes.
+        """
+        name = self._sampler_name()
+        if arrays:
+            if name is None:
+                name = POISSON if shuffle else SHUFFLE
+            if name == POISSON and not shuffle:
+                raise ValueError(
+                    "fit(shuffle=False) asks for a fixed order, but sampler='poisson' "
+                    "draws random batches. Use sampler='shuffle' (accounted without "
+                    "amplification), or shuffle=True. Received: shuffle=False"
+                )
+            route = name if shuffle else ORDERED
         else:
-            value = 0.0  # Taken from the first batch in the train step.
-        self._batch_size_var.assign(value)
+            if name == POISSON:
+                raise ValueError(
+                    "sampler='poisson' needs random access to the examples: pass "
+                    "arrays (numpy or tensors) to fit, which draws the Poisson "
+                    "batches itself; a tf.data input is accounted with "
+                    "sampler='shuffle'. Received: x of a streamed type"
+                )
+            route, name = STREAM, SHUFFLE
+        k = self.accumulation_steps
+        given = self._given_mechanism
+        if given is not None:
+            batch = given.sampler.logical_batch_size if given.sampler else None
+            n = given.sampler.dataset_size if given.sampler else None
+            if arrays and given.sampler is None:
+                raise ValueError(
+                    "fit on arrays draws its batches with the mechanism's sampler; "
+                    "build the DPSGD with one. Received: sampler=None"
+                )
+            if arrays and n != dataset_size:
+                raise ValueError(
+                    "The mechanism's sampler was made for another dataset size. "
+                    f"Received: sampler dataset_size={n}, fit arrays of {dataset_size}"
+                )
+        else:
+            batch = self.expected_batch_size
+            if batch is None and physical_batch_size:
+                batch = physical_batch_size * k
+            if batch is None:
+                raise ValueError(
+                    "The DPOptimizer needs the logical batch size: pass "
+                    "`expected_batch_size=` to it, or `batch_size=` to fit, or a "
+                    "dataset with a static batch size. Received: no batch size"
+                )
+            n = self.dataset_size or dataset_size
+            if arrays and n != dataset_size:
+                raise ValueError(
+                    "fit on arrays samples from the arrays given: N is their length. "
+                    f"Received: dataset_size={self.dataset_size}, arrays of {dataset_size}"
+                )
+        sampler = None
+        if route in ARRAY_ROUTES:
+            sampler = samplers.make_sampler(
+                name, dataset_size=n, logical_batch_size=batch,
+                physical_batch_size=physical_batch_size,
+            )
+        elif n:
+            # Accounting only: the per-pass bound needs N and B, not P.
+            sampler = samplers.make_sampler(
+                name, dataset_size=n, logical_batch_size=batch, physical_batch_size=1
+            )
+        key = (route, sampler, batch, self.delta, self._noise_divisor)
+        if key != self._plan_key:
+            if given is not None:
+                self.mechanism = given
+            else:
+                self.mechanism = self._make_mechanism(sampler, batch)
+            with tf.init_scope():  # May run while a train step is traced.
+                self._aggregator = self.mechanism.aggregator()
+            self._plan_key = key
+        steps = None
+        if sampler is not None and route in ARRAY_ROUTES:
+            steps = max(1, int(round(sampler.steps_per_epoch)))
+        self.fit_plan = FitPlan(route, sampler, steps)
+        return self.fit_plan
+
+    def _make_mechanism(self, sampler, batch):
+        """A `DPSGD` from this optimizer's arguments, on its secret key."""
+        n = sampler.dataset_size if sampler is not None else None
+        delta = self.delta or (default_delta(n) if n else 1e-5)
+        if self._noise_divisor is not None:
+            # TF-Privacy's microbatch divisor: no ledger (see the compat ledger).
+            return mechanism_lib.DPSGD(
+                self.l2_norm_clip, self.noise_multiplier, delta=delta,
+                expected_batch_size=self._noise_divisor, secret_key=self._secret_key,
+            )
+        if sampler is None:
+            return mechanism_lib.DPSGD(
+                self.l2_norm_clip, self.noise_multiplier, delta=delta,
+                accountant=self.accountant, expected_batch_size=batch,
+                secret_key=self._secret_key,
+            )
+        return mechanism_lib.DPSGD(
+            self.l2_norm_clip, self.noise_multiplier, sampler=sampler, delta=delta,
+            accountant=self.accountant, secret_key=self._secret_key,
+        )
 
     @property
     def logical_batch_size(self):
-        """The expected logical batch size in use, or None if not known yet."""
-        value = float(self._batch_size_var.numpy())
-        return value if value > 0 else None
+        """B (the divisor) of the mechanism in use, or None before `fit`."""
+        if self.mechanism is None:
+            return None
+        return self.mechanism.expected_batch_size
 
-    def _dp_accumulate(self, clipped_sum, variables, batch_size):
-        """Adds one batch's clipped sum; on the k-th batch, noise and update.
+    @property
+    def sampling_key(self):
+        """The secret sampling sub-key (a graph constant, never saved)."""
+        return self._secret_key.derive("sampling")
+
+    @property
+    def counts_passes(self):
+        """Whether the ledger counts the passes of a streamed input."""
+        return self.fit_plan is not None and self.fit_plan.route == STREAM
+
+    # ------------------------------------------------------------------
+    # The DP step (called by `private_update` only).
+    # ------------------------------------------------------------------
+
+    def start_epoch(self):
+        """Discards the unfinished logical step, unreleased (eager).
+
+        `DPModel.fit` calls it at each epoch start, so that a logical step
+        never spans two epochs (no example twice in one step).
+        """
+        self._micro_step.assign(0)
+        self._epoch_released.assign(False)
+        self._epoch_first_step.assign(tf.cast(self.iterations, tf.int64))
+
+    def _release_allowed(self, step):
+        """Whether releasing step `step` stays within `PrivacyBudget`'s cap."""
+        new_pass = tf.where(self._epoch_released, tf.constant(0, tf.int64),
+                            tf.constant(1, tf.int64))
+        passes = tf.cast(self.passes, tf.int64) + new_pass
+        accounted = tf.maximum(step + 1, passes * self._pass_steps_var)
+        return tf.logical_or(self._max_steps_var < 0, accounted <= self._max_steps_var)
+
+    def _dp_accumulate(self, clipped_sum, variables, last=None):
+        """Adds one batch's clipped sum; at the end of a logical step, releases.
 
         Runs inside the model's (traced) train step.
+
+        Args:
+            clipped_sum: list of tensors. Σ_i clip(g_i) of the batch.
+            variables: the trainable variables to update.
+            last: bool scalar tensor or None. True on the last physical batch
+                of a logical step (tfdp's array batches); None for a stream,
+                whose steps are k consecutive batches of one epoch.
         """
         if not self.built:
             raise RuntimeError(
                 "DPOptimizer is not built; it is built by `fit` (or call "
                 "`optimizer.build(model.trainable_variables)`)."
             )
-        for acc, g in zip(self.accumulators, clipped_sum):
-            acc.assign_add(tf.cast(g, acc.dtype))
-        self.micro_step.assign_add(1)
-        ebs = self._batch_size_var
-        tf.cond(
-            ebs > 0,
-            lambda: tf.constant(0.0),
-            lambda: ebs.assign(
-                tf.cast(batch_size * self.accumulation_steps, tf.float32)
-            ),
-        )
+        if self._aggregator is None:
+            raise RuntimeError(
+                "The DPOptimizer has no mechanism yet: train a private model "
+                "with `fit`, which fixes it from its inputs."
+            )
+        aggregator = self._aggregator
+        aggregator.accumulate(self._accumulators, clipped_sum,
+                              first=tf.equal(self._micro_step, 0))
+        self._micro_step.assign_add(1)
+        if last is None:
+            end = self._micro_step >= self.accumulation_steps
+        else:
+            end = tf.cast(last, tf.bool)
         step = tf.cast(self.iterations, tf.int64)
-        allowed = tf.logical_or(self._max_steps_var < 0, step < self._max_steps_var)
 
-        def update():
-            seed = noise_lib.step_seed(self._noise_key, step)
-            noisy = noise_lib.add_noise(
-                [tf.convert_to_tensor(a) for a in self.accumulators],
-                l2_norm_clip=self.l2_norm_clip,
-                noise_multiplier=self.noise_multiplier,
-                seed=seed,
-            )
-            divisor = tf.convert_to_tensor(ebs)
-            self.inner_optimizer.apply(
-                [g / tf.cast(divisor, g.dtype) for g in noisy], variables
-            )
+        def release():
+            grads = aggregator.noisy_mean(self._accumulators, step)
+            self.inner_optimizer.apply(grads, variables)
+            if self.counts_passes:
+                first_of_pass = tf.logical_not(self._epoch_released.read_value())
+                self.passes.assign_add(tf.cast(first_of_pass, self.passes.dtype))
+            self._epoch_released.assign(True)
             return tf.constant(True)
 
         def end_logical_step():
             # Over budget: the logical step is dropped (nothing released).
-            tf.cond(allowed, update, lambda: tf.constant(False))
-            for acc in self.accumulators:
-                acc.assign(tf.zeros_like(acc))
-            self.micro_step.assign(0)
+            tf.cond(self._release_allowed(step), release, lambda: tf.constant(False))
+            self._micro_step.assign(0)
             return tf.constant(True)
 
-        tf.cond(
-            tf.cast(self.micro_step, tf.int64) >= self.accumulation_steps,
-            end_logical_step,
-            lambda: tf.constant(False),
-        )
+        tf.cond(end, end_logical_step, lambda: tf.constant(False))
 
     # ------------------------------------------------------------------
     # Privacy accounting.
     # ------------------------------------------------------------------
 
-    def ledger(self, *, dataset_size=None, delta=None, steps=None):
-        """The `tfdp.privacy.PrivacyLedger` of this run so far.
+    def accounted_steps(self, pass_steps=None):
+        """The step count the ledger composes.
 
-        Args:
-            dataset_size: int or None. Overrides the configured/inferred N.
-            delta: float or None. Overrides the configured delta.
-            steps: int or None. Defaults to `iterations` (noisy updates).
-
-        Returns:
-            A `PrivacyLedger` whose `epsilon()` is epsilon after `steps`.
+        `iterations`, or for a streamed input at least one whole pass per
+        epoch that released a step: the per-pass bound counts passes, and a
+        stream's epochs may hold fewer than N // B steps.
         """
-        from tfdp import privacy
+        steps = int(self.iterations.numpy())
+        if self.counts_passes and self.built and pass_steps:
+            steps = max(steps, int(self.passes.numpy()) * int(pass_steps))
+        return steps
 
-        n = dataset_size or self.dataset_size or self.inferred_dataset_size
+    def _accounting_mechanism(self, dataset_size=None, delta=None):
+        """The mechanism to account, with N or δ overridden if asked."""
+        mech = self.mechanism or self._given_mechanism
+        if mech is None:
+            raise ValueError(
+                "The privacy ledger needs the logical batch size; pass "
+                "`expected_batch_size=` to the DPOptimizer, or "
+                "`batch_size=` to `fit`, or a dataset with a static batch size."
+            )
+        sampler = mech.sampler
+        if sampler is not None and not dataset_size and not delta:
+            return mech
+        n = dataset_size or (sampler.dataset_size if sampler else self.dataset_size)
         if not n:
             raise ValueError(
                 "The privacy ledger needs the dataset size N. Pass "
                 "`dataset_size=` to the DPOptimizer or the callback (it is "
                 "only inferred when `fit` is given arrays)."
             )
-        batch = self.logical_batch_size
-        if batch is None:
-            raise ValueError(
-                "The privacy ledger needs the logical batch size; pass "
-                "`expected_batch_size=` to the DPOptimizer, or "
-                "`batch_size=` to `fit`, or a dataset with a static batch size."
-            )
-        delta = delta or self.delta or default_delta(n)
-        if steps is None:
-            steps = int(self.iterations.numpy())
-        batch = int(round(batch))
-        return privacy.PrivacyLedger(
-            self.noise_multiplier,
-            min(1.0, batch / n) if self.sampler == "poisson" else None,
-            delta=delta,
-            steps=steps,
-            sampler=self.sampler,
-            accountant=self.accountant,
-            dataset_size=int(n),
-            batch_size=min(batch, int(n)),
+        n = int(n)
+        batch = sampler.logical_batch_size if sampler else int(round(mech.expected_batch_size))
+        sampler = samplers.make_sampler(
+            sampler.name if sampler else SHUFFLE, dataset_size=n,
+            logical_batch_size=min(batch, n), physical_batch_size=1,
         )
+        given = self._given_mechanism
+        delta = delta or self.delta or (given.delta if given else None) or default_delta(n)
+        return mechanism_lib.DPSGD(
+            self.l2_norm_clip, self.noise_multiplier, sampler=sampler, delta=delta,
+            accountant=self.accountant, secret_key=self._secret_key,
+        )
+
+    def ledger(self, *, dataset_size=None, delta=None, steps=None):
+        """The `tfdp.privacy.PrivacyLedger` of this run so far.
+
+        Args:
+            dataset_size: int or None. Overrides N.
+            delta: float or None. Overrides δ.
+            steps: int or None. Defaults to the accounted steps (the noisy
+                updates; see `accounted_steps`).
+
+        Returns:
+            A `PrivacyLedger` whose `epsilon()` is ε after `steps`.
+        """
+        mech = self._accounting_mechanism(dataset_size, delta)
+        if steps is None:
+            steps = self.accounted_steps(mech.sampler.steps_per_epoch)
+        return mech.ledger(steps)
+
+    def set_budget(self, max_steps, pass_steps=0):
+        """Caps the released steps (`PrivacyBudget`); -1 removes the cap."""
+        self._max_steps_var.assign(int(max_steps))
+        self._pass_steps_var.assign(int(pass_steps) if self.counts_passes else 0)
 
     # ------------------------------------------------------------------
     # Serialisation.
     # ------------------------------------------------------------------
 
     def get_config(self):
+        # A given mechanism is saved as its public parameters; the key never.
+        mech = self._given_mechanism
+        sampler = mech.sampler if mech is not None else None
         return {
             "name": self.name,
             "optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
@@ -399,12 +663,13 @@ class DPOptimizer(keras.optimizers.Optimizer):
             "noise_multiplier": self.noise_multiplier,
             "gradient_accumulation_steps": self.accumulation_steps,
             "method": self.method,
-            "expected_batch_size": self.expected_batch_size,
+            "expected_batch_size": (sampler.logical_batch_size if sampler
+                                    else self.expected_batch_size),
             "weight_decay": self.weight_decay,
             "insecure_reproducible_seed": self.insecure_reproducible_seed,
-            "dataset_size": self.dataset_size,
-            "delta": self.delta,
-            "sampler": self.sampler,
+            "dataset_size": sampler.dataset_size if sampler else self.dataset_size,
+            "delta": mech.delta if mech is not None else self.delta,
+            "sampler": sampler.name if sampler else self.sampler,
             "accountant": self.accountant,
         }
 

@@ -14,6 +14,6 @@ def log_native_route_once():
     logging.getLogger("tfdp").warning(
         "tfdp.compat.tensorflow_privacy runs TF-Privacy Keras code on tfdp. "
         "The native route is `tfdp.make_private(model)` with a "
-        "`tfdp.DPOptimizer`: true Poisson sampling (tfdp.data), a privacy "
+        "`tfdp.DPOptimizer`: true Poisson sampling in fit, a privacy "
         "ledger and budget callbacks. See docs/MIGRATING.md."
     )

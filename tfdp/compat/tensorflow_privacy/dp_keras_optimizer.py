@@ -84,7 +84,12 @@ class DPKerasOptimizer(DPOptimizer):
       same update distribution is obtained with noise multiplier
       `noise_multiplier * sqrt(k)` on the sum of the k batches, divided by
       k times the per-step divisor. `noise_multiplier` (the attribute) is
-      that effective multiplier, and it is what the ledger accounts.
+      that effective multiplier, and it is what the ledger accounts. A
+      logical step never spans two epochs, which needs a private model's
+      `fit`: a plain Keras model refuses k > 1.
+    - Batches: fixed-size shuffled ones, accounted once per pass
+      (`sampler="shuffle"`); a private model's `fit` on arrays takes N // B
+      full batches per pass in a secret random order.
 
     Args:
         optimizer: `keras.optimizers.Optimizer`. Applied once per update.
@@ -113,14 +118,18 @@ class DPKerasOptimizer(DPOptimizer):
             l2_norm_clip, noise_multiplier, num_microbatches, gradient_accumulation_steps
         )
         k = gradient_accumulation_steps
+        # TF-Privacy's batches are Keras' fixed-size shuffled ones: the
+        # shuffle sampler's route, accounted once per pass.
         super().__init__(
             optimizer,
             l2_norm_clip,
             float(noise_multiplier) * math.sqrt(k),
             gradient_accumulation_steps=k,
-            expected_batch_size=None if num_microbatches is None else num_microbatches * k,
+            sampler="shuffle",
             name=name,
         )
+        # TF-Privacy divides by the number of microbatches, not examples.
+        self._noise_divisor = None if num_microbatches is None else num_microbatches * k
         self.num_microbatches = num_microbatches
         # TF-Privacy's own attribute names, read by some user code.
         self._l2_norm_clip = self.l2_norm_clip
@@ -153,7 +162,20 @@ class DPKerasOptimizer(DPOptimizer):
                 "tfdp.compat.tensorflow_privacy.DPModel / DPSequential) instead."
             )
         _check_per_example_loss(model.loss)
+        if self.accumulation_steps > 1:
+            # Keras' own fit gives no hook at epoch starts, so a logical step
+            # could span two epochs and hold an example twice.
+            raise ValueError(
+                "gradient_accumulation_steps > 1 needs a private model's fit, which "
+                "keeps each logical step inside one epoch: use "
+                "`tfdp.make_private(model)` (compiled with this optimizer) or "
+                "tensorflow_privacy.DPSequential / DPModel. Received: "
+                f"gradient_accumulation_steps={self.accumulation_steps} on a plain "
+                "Keras model"
+            )
         x = caller.f_locals["x"]
+        # Traced once per `fit` train function: fixes the divisor and the key.
+        self.plan_fit(arrays=False, physical_batch_size=_fit_batch_size(x))
         if (
             self.num_microbatches is not None
             and getattr(x, "shape", (None,))[0] is None
@@ -212,6 +234,27 @@ class DPKerasOptimizer(DPOptimizer):
             config.pop("optimizer"), custom_objects=custom_objects
         )
         return DPKerasOptimizer(optimizer, **config)
+
+
+def _fit_batch_size(x):
+    """The `fit` batch size of a plain model's train step (at trace time).
+
+    The traced batch dimension when static, else the batch size of the data
+    adapter of the `fit` call on the stack (Keras traces a dynamic one when
+    N is not a multiple of it). TF-Privacy divided by the batch size too.
+    """
+    static = getattr(x, "shape", (None,))[0]
+    if static:
+        return int(static)
+    adapter = getattr(dp_model_lib.keras_fit_epoch_iterator(), "data_adapter", None)
+    size = getattr(adapter, "batch_size", None)
+    if size:
+        return int(size)
+    raise ValueError(
+        "The batch size of this fit is unknown, and it is the divisor of the "
+        "noisy sum. Pass `batch_size=` to fit or use a dataset with a static "
+        "batch dimension. Received: x with a dynamic batch dimension"
+    )
 
 
 def _check_per_example_loss(loss):

@@ -1,0 +1,73 @@
+"""The physical batches `DPModel.fit` trains on when it is given arrays.
+
+Each Keras epoch is `steps_per_epoch` logical steps, numbered globally from
+the optimizer's step count at the epoch's start (so a later epoch, a later
+`fit` call or a resumed run draws new steps, and global seeds such as
+`keras.utils.set_random_seed` play no part). Step `s` is the sampler's
+`step_indices(sampling_key, s)`: for Poisson, each example independently
+with probability q, padded with weight-0 examples to whole physical batches;
+for shuffle, the B examples at positions `[(s mod S)·B, (s mod S + 1)·B)` of
+pass `s // S`'s secret permutation, or of the arrays' own order with
+`ordered=True`. Either way a step lies inside one pass and holds no example
+twice. The last physical batch of each step carries `last=True`, on which the
+optimizer releases the step.
+"""
+
+import tensorflow as tf
+
+
+def step_batches(x, y, sample_weight, sampler, sampling_key, *, ordered, first_step,
+                 steps_per_epoch):
+    """One epoch of `(x, y, weights, last)` physical batches.
+
+    Args:
+        x: array or tensor `[N, ...]`. The inputs.
+        y: array or tensor `[N, ...]`. The targets.
+        sample_weight: array `[N]` or None. Scales each example's loss.
+        sampler: `tfdp.samplers.Sampler`. Draws each step; its physical
+            batch size is the batch size.
+        sampling_key: int64 `[2]`. The secret sampling sub-key.
+        ordered: bool. Shuffle sampler only: the arrays' order instead of a
+            secret permutation per pass.
+        first_step: int64 variable. The epoch's first global step, read each
+            time the dataset is iterated (set at the epoch's start).
+        steps_per_epoch: int. Logical steps per iteration of the dataset.
+
+    Returns:
+        A `tf.data.Dataset` of `(x, y, weights, last)`: weights float32 `[P]`
+        (0 for padding), `last` a bool scalar.
+    """
+    x = tf.convert_to_tensor(x)
+    y = tf.convert_to_tensor(y)
+    weights_of = None if sample_weight is None else tf.constant(sample_weight, tf.float32)
+    key = tf.constant(sampling_key, tf.int64)
+    batch = sampler.logical_batch_size
+    per_pass = int(sampler.steps_per_epoch)
+
+    def step_elements(step):
+        if ordered:
+            offset = (step % per_pass) * batch
+            indices = offset + tf.range(batch, dtype=tf.int64)
+            weights = tf.ones([batch], tf.float32)
+        else:
+            indices, weights = sampler.step_indices(key, step)
+        length = tf.shape(indices)[0]
+        lasts = tf.equal(tf.range(length), length - 1)
+        return tf.data.Dataset.from_tensor_slices((indices, weights, lasts))
+
+    def epoch_steps(_):
+        start = first_step.read_value()
+        return tf.data.Dataset.range(start, start + steps_per_epoch)
+
+    def gather(indices, weights, lasts):
+        # Padding (-1) reads example 0 with weight 0: it contributes nothing.
+        safe = tf.maximum(indices, 0)
+        if weights_of is not None:
+            weights = weights * tf.gather(weights_of, safe)
+        return tf.gather(x, safe), tf.gather(y, safe), weights, lasts[-1]
+
+    # Every step's length is a multiple of P, so batches never straddle steps.
+    ds = tf.data.Dataset.range(1).flat_map(epoch_steps).flat_map(step_elements)
+    ds = ds.batch(sampler.physical_batch_size, drop_remainder=True)
+    ds = ds.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return ds.prefetch(tf.data.AUTOTUNE)
