@@ -376,3 +376,31 @@ class SavedFileTest(ktc.KerasTestCase):
         self.assertEqual(int(loaded.optimizer.iterations), 0)
         loaded.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
         self.assertEqual(int(loaded.optimizer.iterations), 2)
+
+    def test_saved_files_hold_no_key(self):
+        # The noise and sampling key is a graph constant, never a variable or
+        # a config entry: no `.keras` file or weights file may hold it. An
+        # insecure seed makes the key known to the test, so it can look.
+        from tfdp.secret_key import SecretKey
+
+        x, y = ktc.digits(32)
+        with self.assertWarnsRegex(UserWarning, "INSECURE"):
+            key = SecretKey.insecure_from_seed(11)
+            dp = self.private(ktc.tiny_model(), noise_multiplier=1.0,
+                              insecure_reproducible_seed=11)
+        dp.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        words = [np.int64(w) for w in (*key.words, *key.derive("noise"),
+                                       *key.derive("sampling"))]
+        patterns = [w.tobytes() for w in words] + [str(int(w)).encode() for w in words]
+        directory = self.get_temp_dir()
+        dp.save(os.path.join(directory, "model.keras"))
+        dp.save_weights(os.path.join(directory, "model.weights.h5"))
+        found = []
+        for name in ("model.keras", "model.weights.h5"):
+            with open(os.path.join(directory, name), "rb") as f:
+                blob = f.read()
+            if name.endswith(".keras"):
+                with zipfile.ZipFile(os.path.join(directory, name)) as archive:
+                    blob += b"".join(archive.read(n) for n in archive.namelist())
+            found += [(name, p) for p in patterns if p in blob]
+        self.assertEqual(found, [])
