@@ -389,15 +389,15 @@ class DPModel(keras.Model):
                                       physical_batch_size=physical, shuffle=bool(shuffle))
             dataset = array_batches.step_batches(
                 x, y, sample_weight, plan.sampler, optimizer.sampling_key,
-                ordered=plan.route == "ordered", first_step=optimizer._epoch_first_step,
+                ordered=plan.ordered, first_step=optimizer._epoch_first_step,
                 steps_per_epoch=steps_per_epoch or plan.steps_per_epoch,
             )
-            if plan.route != "poisson":
+            if not plan.variable_steps:
                 # N // B steps of B / P batches each: Keras knows each epoch's end.
                 dataset = dataset.apply(tf.data.experimental.assert_cardinality(
                     (steps_per_epoch or plan.steps_per_epoch)
                     * (plan.sampler.logical_batch_size // physical)))
-            common["callbacks"] = [_EpochBoundary(plan.route == "poisson")] + callbacks
+            common["callbacks"] = [_EpochBoundary(plan.variable_steps)] + callbacks
             common.setdefault("validation_batch_size", physical)
             self._dp_prepare(plan, physical)
             with warnings.catch_warnings():

@@ -43,18 +43,22 @@ _NOT_PLAIN = (
 )
 
 # How `DPModel.fit` feeds the optimizer (see `DPOptimizer.plan_fit`).
-POISSON = "poisson"  # Arrays, Poisson batches drawn by tfdp.
-SHUFFLE = "shuffle"  # Arrays, a secret permutation per pass.
+# The default samplers: Poisson for arrays in random order, else shuffle
+# (the bound that holds for any order).
+POISSON = "poisson"
+SHUFFLE = "shuffle"
+# How `fit` feeds the examples (the route), whatever the sampler:
+SAMPLED = "sampled"  # Arrays, batches drawn by the sampler with the secret key.
 ORDERED = "ordered"  # Arrays, `shuffle=False`: the arrays' order.
 STREAM = "stream"  # A tf.data.Dataset (or other iterable): the user's batches.
-ARRAY_ROUTES = (POISSON, SHUFFLE, ORDERED)
+ARRAY_ROUTES = (SAMPLED, ORDERED)
 
 
 class FitPlan:
     """What `DPOptimizer.plan_fit` decided for one `fit` call.
 
     Args:
-        route: str. One of `POISSON`, `SHUFFLE`, `ORDERED`, `STREAM`.
+        route: str. One of `SAMPLED`, `ORDERED`, `STREAM`.
         sampler: `tfdp.samplers.Sampler` or None. Draws the array routes'
             logical steps, with the fit batch size as physical batch size.
         steps_per_epoch: int or None. Logical steps per Keras epoch (array
@@ -70,6 +74,16 @@ class FitPlan:
     def marks_last_batch(self):
         """Whether the batches carry the `last` flag of their logical step."""
         return self.route in ARRAY_ROUTES
+
+    @property
+    def ordered(self):
+        """Whether the arrays are taken in their own order (`shuffle=False`)."""
+        return self.route == ORDERED
+
+    @property
+    def variable_steps(self):
+        """Whether the array steps vary in size (so epochs vary in batches)."""
+        return self.route in ARRAY_ROUTES and not self.sampler.fixed_size_steps
 
 
 @keras.saving.register_keras_serializable(package="tfdp")
@@ -396,15 +410,15 @@ class DPOptimizer(keras.optimizers.Optimizer):
         if arrays:
             if name is None:
                 name = POISSON if shuffle else SHUFFLE
-            if name == POISSON and not shuffle:
+            if samplers.sampler_class(name).amplified and not shuffle:
                 raise ValueError(
                     "fit(shuffle=False) asks for a fixed order, but sampler='poisson' "
                     "draws random batches. Use sampler='shuffle' (accounted without "
                     "amplification), or shuffle=True. Received: shuffle=False"
                 )
-            route = name if shuffle else ORDERED
+            route = SAMPLED if shuffle else ORDERED
         else:
-            if name == POISSON:
+            if name is not None and samplers.sampler_class(name).needs_random_access:
                 raise ValueError(
                     "sampler='poisson' needs random access to the examples: pass "
                     "arrays (numpy or tensors) to fit, which draws the Poisson "

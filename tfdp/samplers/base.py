@@ -73,6 +73,8 @@ class Sampler(abc.ABC):
     amplified = False
     # Random access to any example by index is needed (else a stream works).
     needs_random_access = True
+    # Every step holds exactly B examples (else the step sizes vary).
+    fixed_size_steps = False
 
     def __init__(self, dataset_size, logical_batch_size, physical_batch_size=None, num_hosts=1):
         self.dataset_size = _positive_int("dataset_size", dataset_size)

@@ -27,6 +27,7 @@ class PoissonSampler(base.Sampler):
     name = "poisson"
     amplified = True
     needs_random_access = True
+    fixed_size_steps = False
 
     @property
     def expected_batch_size(self):

@@ -37,6 +37,7 @@ class ShuffleSampler(base.Sampler):
     name = "shuffle"
     amplified = False
     needs_random_access = False
+    fixed_size_steps = True
 
     def _validate(self):
         if self.logical_batch_size % self.num_hosts:
