@@ -350,6 +350,19 @@ class ShardingTest(tf.test.TestCase):
 
 
 class EvalPipelineTest(tf.test.TestCase):
+    def test_in_memory_batches_are_kept_and_identical_every_pass(self):
+        source = _index_source(23, shape=(2, 2, 1))
+        ds = data.make_eval_pipeline(source, 5, preprocess_fn=lambda image: image + 0.5)
+        passes = [[tuple(np.asarray(t) for t in b) for b in ds] for _ in range(3)]
+        for later in passes[1:]:
+            for got, want in zip(later, passes[0]):
+                for g, w in zip(got, want):
+                    self.assertAllEqual(g, w)
+        labels = np.concatenate([b[1][b[2] > 0] for b in passes[2]])
+        self.assertAllEqual(labels, np.arange(23))
+        self.assertTrue(data.pipeline._small_decoded_array(source, ds, 2**20))
+        self.assertFalse(data.pipeline._small_decoded_array(source, ds, 16))
+
     def test_every_example_once_with_padding(self):
         source = _index_source(23, shape=(2, 2, 1))
         batches = list(data.make_eval_pipeline(source, 5))

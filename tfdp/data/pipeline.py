@@ -512,6 +512,22 @@ def _pad_batch(batch_size, decode_stats):
     return pad
 
 
+# Evaluation batches of in-memory arrays are cached up to this size.
+_EVAL_CACHE_BYTES = 256 * 2**20
+
+
+def _small_decoded_array(source, ds, limit):
+    """Whether `ds`, batches of an in-memory decoded array source, fits `limit` bytes."""
+    images = getattr(source, "images", None)
+    if images is None or getattr(source, "encoded", True):
+        return False
+    spec = ds.element_spec[0]
+    if not spec.shape.is_fully_defined():
+        return False
+    per_batch = spec.shape.num_elements() * spec.dtype.size
+    return -(-len(source) // int(spec.shape[0])) * per_batch <= limit
+
+
 @gin.configurable(module="tfdp.data")
 def make_eval_pipeline(
     source, batch_size, preprocess_fn=None, input_context=None, decode_stats=None
@@ -561,6 +577,11 @@ def make_eval_pipeline(
         ds, seeded, lambda: _find_substitute(source.as_dataset(shuffle=False), seeded)
     )
     ds = ds.batch(batch_size).map(_pad_batch(batch_size, decode_stats))
+    if _small_decoded_array(source, ds, _EVAL_CACHE_BYTES):
+        # Every pass is the same: keep the batches rather than preprocess the
+        # examples again at every evaluation (a third of the default run's
+        # evaluation time). Decoded arrays have no undecodable images to count.
+        ds = ds.cache()
     ds = _without_autotune_thread(ds.prefetch(tf.data.AUTOTUNE))
     ds.decode_stats = decode_stats
     return ds
