@@ -570,7 +570,8 @@ def _restore(workdir, dist, model, optimizer, ema, plan):
         # Every worker restores from the chief's checkpoints; only the chief
         # writes them and the ledger. The others join each save into a scratch dir.
         ckpt = checkpointing.RunCheckpoint(
-            distribute.checkpoint_dir(dist, ckpt.directory), model, optimizer, ema=ema
+            distribute.checkpoint_dir(dist, ckpt.directory), model, optimizer, ema=ema,
+            secret_key=plan.key,
         )
     start_step = int(optimizer.iterations.numpy())
     ledger = plan.ledger
