@@ -415,6 +415,9 @@ class MultiWorkerTest(tf.test.TestCase):
         self.assertGreater(len([k for k in chief if "trainable_variables" in k]), 4)
         self.assertEqual(int(chief["optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE"]), steps)
         self.assertEqual(sorted(chief), sorted(other))
+        # Both hold the run's secret key, and it is the same key: the workers
+        # agreed on the chief's, so they drew the same noise and batches.
+        self.assertIn("secret_key/.ATTRIBUTES/VARIABLE_VALUE", chief)
         for name in chief:
             self.assertAllEqual(chief[name], other[name], msg=name)
         # And training moved them: not the initial weights.
