@@ -161,8 +161,6 @@ class PrivateTrainStep:
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = _float32_loss(per_example_loss_fn)
-        self.l2_norm_clip = mechanism.l2_norm_clip
-        self.expected_batch_size = mechanism.expected_batch_size
         self.aggregator = mechanism.aggregator()
         self.method = clipping.resolve_method(model, method)
         self.weight_decay = float(weight_decay)
@@ -215,7 +213,7 @@ class PrivateTrainStep:
             self.loss_fn,
             x,
             y,
-            l2_norm_clip=self.l2_norm_clip,
+            l2_norm_clip=self.mechanism.l2_norm_clip,
             method=self.method,
             sample_weight=weights,
             weight_decay=self.weight_decay,
@@ -235,7 +233,7 @@ class PrivateTrainStep:
             "examples": tf.reduce_sum(real),
             "norm_sum": tf.reduce_sum(safe_norms * real),
             "clipped": tf.reduce_sum(
-                real * finite * tf.cast(norms > self.l2_norm_clip, tf.float32)
+                real * finite * tf.cast(norms > self.mechanism.l2_norm_clip, tf.float32)
             ),
             "nonfinite": tf.reduce_sum(real * (1.0 - finite)),
         }

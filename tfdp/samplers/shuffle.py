@@ -66,8 +66,8 @@ class ShuffleSampler(base.Sampler):
         return dp_accounting.GaussianDpEvent(noise_multiplier)
 
     def unit_count(self, steps):
-        """Passes touched by `steps` steps: a partial pass counts as a pass."""
-        return math.ceil(int(steps) / self.steps_per_epoch)
+        """One Gaussian mechanism per pass (see `passes`)."""
+        return self.passes(steps)
 
     def step_indices(self, sampling_key, step, host=0, granule=None):
         # Fixed-size steps are whole physical batches: no padding to refine.
@@ -88,5 +88,6 @@ class ShuffleSampler(base.Sampler):
         return indices, tf.ones(tf.shape(indices), tf.float32)
 
     def passes(self, steps):
-        """Passes over the data that `steps` logical steps touch."""
-        return self.unit_count(steps)
+        """Passes over the data that `steps` logical steps touch; a partial
+        pass counts as a pass."""
+        return math.ceil(int(steps) / self.steps_per_epoch)
