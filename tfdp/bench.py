@@ -8,6 +8,10 @@ Every (method, jit_compile) pair runs in its own subprocess, so that the peak
 resident set size (`getrusage(RUSAGE_SELF).ru_maxrss`) is that method's own.
 TensorFlow's import dominates RSS, so the increase of the peak over the RSS
 measured right after the model and train step were built is reported too.
+The first column of memory ("tensors") is the peak of TensorFlow's own
+allocator over the timed steps (`tf.config.experimental.get_memory_info` on
+the accelerator, else on the CPU): the memory training itself needs, which
+is what decides the batch on an accelerator.
 
 A step is a full train step: forward, (clipped) gradient sum, noise and the
 optimizer update, i.e. `PrivateTrainStep.accumulate` + `apply` with one
@@ -223,6 +227,8 @@ def _run_child(args):
         first_step_s = time.perf_counter() - t0
         for _ in range(max(args.warmup - 1, 0)):
             one_step()
+        tensor_device = _accelerator() or "CPU:0"
+        tf.config.experimental.reset_memory_stats(tensor_device)
         times, cpu_times = [], []
         for _ in range(args.steps):
             c0 = time.process_time()
@@ -235,6 +241,7 @@ def _run_child(args):
                "error": "out_of_memory"})
         return 3
     peak = _peak_rss_mb()
+    tensor_peak = tf.config.experimental.get_memory_info(tensor_device)["peak"] / 2**20
     result = {
         "method": method,
         "resolved_method": getattr(step, "method", method) if method != "nonprivate" else method,
@@ -248,6 +255,7 @@ def _run_child(args):
         "baseline_rss_mb": baseline_rss,
         "rss_increase_mb": max(peak - baseline_rss, 0.0),
         "peak_before_steps_mb": baseline_peak,
+        "tensor_peak_mb": tensor_peak,
         "num_params": int(sum(int(np.prod(v.shape)) for v in model.trainable_variables)),
     }
     device = _accelerator()
@@ -585,11 +593,16 @@ def add_ratios(results):
             r["cpu_time_s"] / b["cpu_time_s"]
             if ok and r.get("cpu_time_s") and b.get("cpu_time_s") else None
         )
+        r["tensor_peak_ratio"] = (
+            r["tensor_peak_mb"] / b["tensor_peak_mb"]
+            if ok and r.get("tensor_peak_mb") and b.get("tensor_peak_mb") else None
+        )
         r["rss_increase_ratio"] = (
             r["rss_increase_mb"] / b["rss_increase_mb"]
             if ok and b["rss_increase_mb"] > 0 else None
         )
-        for key in ("step_time_s", "peak_rss_mb", "cpu_time_s", "rss_increase_mb"):
+        for key in ("step_time_s", "peak_rss_mb", "cpu_time_s", "rss_increase_mb",
+                    "tensor_peak_mb"):
             r.setdefault(key, None)
     return results
 
@@ -605,6 +618,7 @@ def format_table(results):
 
     header = (
         f"{'method':<11} {'xla':<4} {'step ms':>9} {'x time':>7} "
+        f"{'tensors MB':>10} {'x tens':>6} "
         f"{'peak MB':>8} {'x mem':>6} {'+RSS MB':>8} {'x +RSS':>7} "
         f"{'cpu ms':>8} {'x cpu':>6}"
     )
@@ -617,6 +631,7 @@ def format_table(results):
         lines.append(
             f"{r['method']:<11} {'on' if r['jit_compile'] else 'off':<4} "
             f"{fmt(ms(r['step_time_s']), '9.1f')} {fmt(r['time_ratio'], '6.2f')}x "
+            f"{fmt(r['tensor_peak_mb'], '10.0f')} {fmt(r['tensor_peak_ratio'], '5.2f')}x "
             f"{fmt(r['peak_rss_mb'], '8.0f')} {fmt(r['memory_ratio'], '5.2f')}x "
             f"{fmt(r['rss_increase_mb'], '8.0f')} {fmt(r['rss_increase_ratio'], '6.2f')}x "
             f"{fmt(ms(r['cpu_time_s']), '8.1f')} {fmt(r['cpu_time_ratio'], '5.2f')}x"

@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from tfdp.dp import layer_taps
 from tfdp.dp import model_probe
+from tfdp.dp import norm_stream
 from tfdp.dp import rules
 from tfdp.dp.rules.registry import TAPPED_METHODS
 from tfdp.dp.rules.registry import weighted_sum
@@ -286,7 +287,7 @@ def _group_records(records):
     return [groups[k] for k in order]
 
 
-def _tapped(model, loss_fn, x, y, batch, l2_norm_clip, decay, training, *, method):
+def _check_covered(model, method):
     uncovered = uncovered_variables(model)
     if uncovered:
         raise ValueError(
@@ -295,7 +296,71 @@ def _tapped(model, loss_fn, x, y, batch, l2_norm_clip, decay, training, *, metho
             f"{[v.path for v in uncovered]}. Use method='vectorized'. "
             f"Received: method={method!r}"
         )
+
+
+def _layer_sq_norms(layer_clip, decay, mask):
+    """[B] squared norms of a layer's per-example gradients, weight decay included."""
+    wd_per_example = decay.coefficient * mask
+    total = tf.zeros_like(mask)
+    for v in layer_clip.variables:
+        sq = layer_clip.sq_norm(v)
+        if decay.applies(v):
+            # ‖g_i + wd·v‖² = ‖g_i‖² + 2·wd·⟨g_i, v⟩ + wd²‖v‖².
+            sq += 2.0 * wd_per_example * layer_clip.dot(v)
+            sq += tf.square(wd_per_example) * tf.reduce_sum(tf.square(v))
+        total += sq
+    return total
+
+
+def _clip_after_output_grads(records, output_grads, context):
+    """The layer's `LayerClip`, its work started only once its output gradients exist.
+
+    The executor runs an op as soon as its inputs exist, so work that reads
+    only the layer's input (GroupNorm's x̂, a conv's pixel Gram) would
+    otherwise run right after the forward pass and be held for every layer
+    at once.
+    """
+    layer = records[0].layer
+    with tf.control_dependencies(output_grads):
+        return layer._tfdp_rule.clip(layer, records, output_grads, context)
+
+
+def _with_decay(sums, variables, decay, coeffs):
+    total_coeff = tf.reduce_sum(coeffs)
+    return [
+        g + decay.coefficient * total_coeff * v if decay.applies(v) else g
+        for g, v in zip(sums, variables)
+    ]
+
+
+def _second_backward(tape, losses, variables, coeffs, k):
+    """Σ_i c_i·∂L_i/∂v for `variables` by a backward pass on the weighted losses."""
+    if not variables:
+        return {}
+    row_coeffs = tf.repeat(coeffs, k) if k > 1 else coeffs
+    result = tape.gradient(
+        losses, variables, output_gradients=row_coeffs,
+        unconnected_gradients=tf.UnconnectedGradients.ZERO,
+    )
+    # Embedding gradients come back as IndexedSlices: return dense sums.
+    return {id(v): tf.convert_to_tensor(g) for v, g in zip(variables, result)}
+
+
+def _tapped(model, loss_fn, x, y, batch, l2_norm_clip, decay, training, *, method):
+    _check_covered(model, method)
     rules.install_taps(model)
+    if method == "bk":
+        return _recorded(model, loss_fn, x, y, batch, l2_norm_clip, decay, training, method=method)
+    return _streamed(model, loss_fn, x, y, batch, l2_norm_clip, decay, training, method=method)
+
+
+def _recorded(model, loss_fn, x, y, batch, l2_norm_clip, decay, training, *, method):
+    """Norms from every layer's output gradient, asked of the tape all at once.
+
+    All output gradients are alive together; "bk" keeps them until the
+    clipped sums are formed, with no second backward pass. Also the fallback
+    of `_streamed` for a batch with a non-finite example.
+    """
     variables = model.trainable_variables
     mask, k = batch.mask, batch.k
     with tf.GradientTape(persistent=method != "bk") as tape:
@@ -311,32 +376,14 @@ def _tapped(model, loss_fn, x, y, batch, l2_norm_clip, decay, training, *, metho
     grad_of = {id(r): g for r, g in zip(records, output_grads)}
 
     context = rules.ClipContext(method, k)
-    wd_per_example = decay.coefficient * mask
     sq_norms = tf.zeros_like(mask)
     clips = []  # Sums deferred: the coefficients are known only after all norms.
     for group in _group_records(records):
-        layer = group[0].layer
-        layer_clip = layer._tfdp_rule.clip(
-            layer, group, [grad_of[id(r)] for r in group], context
-        )
-        for v in layer_clip.variables:
-            sq = layer_clip.sq_norm(v)
-            if decay.applies(v):
-                # ‖g_i + wd·v‖² = ‖g_i‖² + 2·wd·⟨g_i, v⟩ + wd²‖v‖².
-                sq += 2.0 * wd_per_example * layer_clip.dot(v)
-                sq += tf.square(wd_per_example) * tf.reduce_sum(tf.square(v))
-            sq_norms += sq
-        clips.append(layer_clip)
+        clips.append(_clip_after_output_grads(group, [grad_of[id(r)] for r in group], context))
+        sq_norms += _layer_sq_norms(clips[-1], decay, mask)
 
     norms = tf.sqrt(sq_norms)
     coeffs = clip_coefficients(norms, l2_norm_clip, mask)
-
-    def with_decay(sums):
-        total_coeff = tf.reduce_sum(coeffs)
-        return [
-            g + decay.coefficient * total_coeff * v if decay.applies(v) else g
-            for g, v in zip(sums, variables)
-        ]
 
     def book_keeping(keep=None, skip=()):
         by_variable = {}
@@ -351,18 +398,12 @@ def _tapped(model, loss_fn, x, y, batch, l2_norm_clip, decay, training, *, metho
         # computed from; the others are summed from their factors.
         backward = [v for c in clips if c.from_backward for v in c.variables]
         by_variable = book_keeping(skip={id(v) for v in backward})
-        row_coeffs = tf.repeat(coeffs, k) if k > 1 else coeffs
-        if backward:
-            result = tape.gradient(
-                losses, backward, output_gradients=row_coeffs,
-                unconnected_gradients=tf.UnconnectedGradients.ZERO,
-            )
-            # Embedding gradients come back as IndexedSlices: return dense sums.
-            by_variable.update({id(v): tf.convert_to_tensor(g) for v, g in zip(backward, result)})
+        by_variable.update(_second_backward(tape, losses, backward, coeffs, k))
         return by_variable
 
     def in_order(by_variable):
-        return with_decay([by_variable.get(id(v), tf.zeros_like(v)) for v in variables])
+        sums = [by_variable.get(id(v), tf.zeros_like(v)) for v in variables]
+        return _with_decay(sums, variables, decay, coeffs)
 
     # A NaN/Inf example (zero coefficient) would still poison a sum through
     # NaN·0, so when there is one the sums are formed by book-keeping from
@@ -374,4 +415,71 @@ def _tapped(model, loss_fn, x, y, batch, l2_norm_clip, decay, training, *, metho
         lambda: in_order(fast()),
         lambda: in_order(book_keeping(keep=finite)),
     )
+    return result, norms
+
+
+def _streamed(model, loss_fn, x, y, batch, l2_norm_clip, decay, training, *, method):
+    """"ghost"/"mixed": norms streamed through the first backward pass.
+
+    Each layer's output gradient is freed once its norm contribution is
+    computed (`norm_stream`), so peak memory stays near non-private
+    training's. Layers whose per-example gradients were instantiated keep
+    them for their clipped sums; the others' sums come from a second
+    backward pass on Σ_i c_i·L_i, which stops at the lowest such layer.
+    Layers called several times, or whose output cannot be wrapped, have
+    their output gradients asked of the tape as in `_recorded`.
+    """
+    variables = model.trainable_variables
+    mask, k = batch.mask, batch.k
+    context = rules.ClipContext(method, k)
+    stream = norm_stream.NormStream(
+        tf.shape(mask)[0], context, lambda c: _layer_sq_norms(c, decay, mask)
+    )
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(stream.norm_input)
+        with layer_taps.recording(on_record=stream.tap) as recorder:
+            losses = _per_example_losses(model, loss_fn, x, y, batch.row_weights, training)
+        total = tf.reduce_sum(losses)
+    groups = _group_records(recorder.records)
+    streaming = [g for g in groups if stream.can_stream(g)]
+    recorded = [g for g in groups if not stream.can_stream(g)]
+    recorded_calls = [r for g in recorded for r in g]
+
+    stream.start([g[0].layer for g in streaming])
+    first = tape.gradient(
+        total,
+        [stream.norm_input] + [r.outputs for r in recorded_calls],
+        unconnected_gradients=tf.UnconnectedGradients.ZERO,
+    )
+    stream.stop()
+    sq_norms = first[0]
+    grad_of = {id(r): g for r, g in zip(recorded_calls, first[1:])}
+    clips = list(stream.kept_clips)
+    for group in recorded:
+        clips.append(_clip_after_output_grads(group, [grad_of[id(r)] for r in group], context))
+        sq_norms += _layer_sq_norms(clips[-1], decay, mask)
+
+    norms = tf.sqrt(sq_norms)
+    coeffs = clip_coefficients(norms, l2_norm_clip, mask)
+
+    def weighted_backward():
+        from_factors = [c for c in clips if not c.from_backward]
+        skip = {id(v) for c in from_factors for v in c.variables}
+        by_variable = _second_backward(
+            tape, losses, [v for v in variables if id(v) not in skip], coeffs, k
+        )
+        for layer_clip in from_factors:
+            for v in layer_clip.variables:
+                by_variable[id(v)] = layer_clip.clipped_sum(v, coeffs)
+        sums = [by_variable[id(v)] for v in variables]
+        return _with_decay(sums, variables, decay, coeffs)
+
+    def recompute():
+        # NaN·0 is NaN: a non-finite example would poison the weighted pass.
+        # Rare, so this path recomputes with every output gradient kept.
+        return _recorded(
+            model, loss_fn, x, y, batch, l2_norm_clip, decay, training, method=method
+        )[0]
+
+    result = tf.cond(tf.reduce_all(tf.math.is_finite(norms)), weighted_backward, recompute)
     return result, norms

@@ -35,10 +35,22 @@ class TapRecord:
 
 
 class _Recorder:
-    def __init__(self, mode):
+    def __init__(self, mode, on_record=None):
         self.mode = mode
         self.records = []
         self.suspended = False
+        self._on_record = on_record
+
+    def record(self, record):
+        """Stores one tapped call; returns the output the layer should pass on.
+
+        With an `on_record` hook (see `recording`) the output is the hook's,
+        e.g. the same value under a custom gradient.
+        """
+        self.records.append(record)
+        if self._on_record is None:
+            return record.outputs
+        return self._on_record(record)
 
 
 def active_recorder():
@@ -50,16 +62,19 @@ def active_recorder():
 
 
 @contextlib.contextmanager
-def recording(mode="record"):
+def recording(mode="record", on_record=None):
     """Activates taps on this thread; yields the recorder.
 
     Args:
         mode: str. "record" stores a `TapRecord` per tapped call;
             "vectorized" computes conv layers with a conv whose weight
             gradient `tf.vectorized_map` can vectorize. Defaults to "record".
+        on_record: optional callable. `TapRecord -> output`, in "record" mode:
+            what each tapped call returns in place of its recorded output
+            (`TapRecord.outputs`). Defaults to None (the output unchanged).
     """
     previous = getattr(_local, "recorder", None)
-    recorder = _Recorder(mode)
+    recorder = _Recorder(mode, on_record)
     _local.recorder = recorder
     try:
         yield recorder
@@ -123,7 +138,7 @@ def record_call(layer, original):
         outputs = original(inputs, *args, **kwargs)
         if recorder is not None and recorder.mode == "record":
             call_fn = lambda x: original(x, *args, **kwargs)  # noqa: E731
-            recorder.records.append(TapRecord(layer, inputs, outputs, call_fn))
+            outputs = recorder.record(TapRecord(layer, inputs, outputs, call_fn))
         return outputs
 
     return call

@@ -88,11 +88,36 @@ def gaussian_noise(grads, stddev, seed):
     Returns:
         A list of tensors like `grads`.
     """
+    return _noised(grads, stddev, seed, lambda g, n: n)
+
+
+def noisy_divided(sums, stddev, seed, divisor):
+    """(sums + N(0, stddev²)) / divisor, tensor by tensor.
+
+    The noise is `gaussian_noise(sums, stddev, seed)`'s, but each draw is
+    consumed before the next one starts, so only one draw and its
+    temporaries are alive at a time (at 224 px, drawing all of ResNet-18's
+    noise before adding it made the private step's peak about 180 MB above
+    non-private training's).
+
+    Args:
+        sums: list of floating tensors. Summed clipped gradients.
+        stddev: float or scalar tensor. The noise standard deviation.
+        seed: tensor [2]. A stateless seed (see `step_seed`).
+        divisor: float. The public expected batch size.
+
+    Returns:
+        A list of tensors like `sums`.
+    """
+    return _noised(sums, stddev, seed, lambda g, n: (g + n) / divisor)
+
+
+def _noised(grads, stddev, seed, combine):
     grads = list(grads)
     if not grads:
         return []
     seeds = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), len(grads))
-    noise = []
+    results = []
     for i, g in enumerate(grads):
         if not g.dtype.is_floating or not g.shape.is_fully_defined():
             raise ValueError(
@@ -101,10 +126,10 @@ def gaussian_noise(grads, stddev, seed):
             )
         # One tensor at a time: run side by side, the draws' temporaries
         # would add up to several copies of the parameters at peak.
-        with tf.control_dependencies(noise[-1:]):
+        with tf.control_dependencies(results[-1:]):
             seed_i = tf.identity(seeds[i])
-        noise.append(_normal(g.shape, seed_i, stddev, g.dtype))
-    return noise
+        results.append(combine(g, _normal(g.shape, seed_i, stddev, g.dtype)))
+    return results
 
 
 def add_noise(grads, *, l2_norm_clip, noise_multiplier, seed):

@@ -87,9 +87,8 @@ class NoisyAggregator:
             sums = tf.cond(empty, lambda: [tf.zeros_like(s) for s in sums], lambda: sums)
         if self.noise_stddev > 0:
             # noise / R drawn directly as N(0, (σC/R)²) from the same words.
-            noise = noise_lib.gaussian_noise(
+            return noise_lib.noisy_divided(
                 sums, self.noise_stddev / float(num_replicas),
-                noise_lib.step_seed(self._noise_key, step),
+                noise_lib.step_seed(self._noise_key, step), self.expected_batch_size,
             )
-            sums = [s + n for s, n in zip(sums, noise)]
         return [s / self.expected_batch_size for s in sums]

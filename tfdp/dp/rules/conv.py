@@ -39,7 +39,7 @@ class Conv2DRule(linear.LinearRule):
             if layer.use_bias:
                 pre = pre + layer.bias
             if recorder.mode == "record":
-                recorder.records.append(layer_taps.TapRecord(layer, inputs, pre))
+                pre = recorder.record(layer_taps.TapRecord(layer, inputs, pre))
             return layer.activation(pre) if layer.activation is not None else pre
 
         return call

@@ -28,7 +28,7 @@ class DenseRule(linear.LinearRule):
             )
             if layer.bias is not None:
                 pre = pre + layer.bias
-            recorder.records.append(layer_taps.TapRecord(layer, inputs, pre))
+            pre = recorder.record(layer_taps.TapRecord(layer, inputs, pre))
             return layer.activation(pre) if layer.activation is not None else pre
 
         return call
