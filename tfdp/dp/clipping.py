@@ -349,21 +349,21 @@ def _second_backward(tape, losses, variables, coeffs, k):
 def _tapped(model, loss_fn, x, y, batch, l2_norm_clip, decay, training, *, method):
     _check_covered(model, method)
     rules.install_taps(model)
-    if method == "bk":
-        return _recorded(model, loss_fn, x, y, batch, l2_norm_clip, decay, training, method=method)
     return _streamed(model, loss_fn, x, y, batch, l2_norm_clip, decay, training, method=method)
 
 
 def _recorded(model, loss_fn, x, y, batch, l2_norm_clip, decay, training, *, method):
-    """Norms from every layer's output gradient, asked of the tape all at once.
+    """"ghost"/"mixed" for a batch with a non-finite example.
 
-    All output gradients are alive together; "bk" keeps them until the
-    clipped sums are formed, with no second backward pass. Also the fallback
-    of `_streamed` for a batch with a non-finite example.
+    Every layer's output gradient is asked of the tape at once and kept, so
+    that the sums can be formed from factors with the example's rows zeroed.
+    All are alive together: memory is about that of the first pass plus
+    every output gradient, which is why this is only the rare fallback of
+    `_streamed`.
     """
     variables = model.trainable_variables
     mask, k = batch.mask, batch.k
-    with tf.GradientTape(persistent=method != "bk") as tape:
+    with tf.GradientTape(persistent=True) as tape:
         with layer_taps.recording() as recorder:
             losses = _per_example_losses(model, loss_fn, x, y, batch.row_weights, training)
         total = tf.reduce_sum(losses)
@@ -409,31 +409,35 @@ def _recorded(model, loss_fn, x, y, batch, l2_norm_clip, decay, training, *, met
     # NaN·0, so when there is one the sums are formed by book-keeping from
     # inputs and output gradients with that example's rows zeroed.
     finite = tf.math.is_finite(norms)
-    fast = book_keeping if method == "bk" else second_backward
     result = tf.cond(
         tf.reduce_all(finite),
-        lambda: in_order(fast()),
+        lambda: in_order(second_backward()),
         lambda: in_order(book_keeping(keep=finite)),
     )
     return result, norms
 
 
 def _streamed(model, loss_fn, x, y, batch, l2_norm_clip, decay, training, *, method):
-    """"ghost"/"mixed": norms streamed through the first backward pass.
+    """Norms streamed through the backward pass, layer by layer (`norm_stream`).
 
-    Each layer's output gradient is freed once its norm contribution is
-    computed (`norm_stream`), so peak memory stays near non-private
-    training's. Layers whose per-example gradients were instantiated keep
-    them for their clipped sums; the others' sums come from a second
-    backward pass on Σ_i c_i·L_i, which stops at the lowest such layer.
-    Layers called several times, or whose output cannot be wrapped, have
-    their output gradients asked of the tape as in `_recorded`.
+    What each layer needs for its clipped sum is kept as its output gradient
+    appears, and the rest freed, so peak memory stays near non-private
+    training's: instantiated per-example gradients (layers with large T,
+    where they are small), or the input and output gradient (ghost norms,
+    small T). "bk" forms every sum from these. "ghost" and "mixed" keep only
+    the former and take the ghost layers' sums from a second backward pass
+    on Σ_i c_i·L_i, which stops at the lowest ghost layer: less memory where
+    the ghost layers' output gradients are large, more time. Layers called
+    several times, or whose output cannot be wrapped, have their output
+    gradients asked of the tape as in `_recorded`.
     """
     variables = model.trainable_variables
     mask, k = batch.mask, batch.k
     context = rules.ClipContext(method, k)
+    book_keeping = method == "bk"
     stream = norm_stream.NormStream(
-        tf.shape(mask)[0], context, lambda c: _layer_sq_norms(c, decay, mask)
+        tf.shape(mask)[0], context, lambda c: _layer_sq_norms(c, decay, mask),
+        keep_all=book_keeping,
     )
     with tf.GradientTape(persistent=True) as tape:
         tape.watch(stream.norm_input)
@@ -462,24 +466,30 @@ def _streamed(model, loss_fn, x, y, batch, l2_norm_clip, decay, training, *, met
     norms = tf.sqrt(sq_norms)
     coeffs = clip_coefficients(norms, l2_norm_clip, mask)
 
-    def weighted_backward():
-        from_factors = [c for c in clips if not c.from_backward]
+    from_factors = [c for c in clips if book_keeping or not c.from_backward]
+
+    def summed(keep=None):
         skip = {id(v) for c in from_factors for v in c.variables}
         by_variable = _second_backward(
             tape, losses, [v for v in variables if id(v) not in skip], coeffs, k
         )
         for layer_clip in from_factors:
             for v in layer_clip.variables:
-                by_variable[id(v)] = layer_clip.clipped_sum(v, coeffs)
+                by_variable[id(v)] = layer_clip.clipped_sum(v, coeffs, keep)
         sums = [by_variable[id(v)] for v in variables]
         return _with_decay(sums, variables, decay, coeffs)
 
+    finite = tf.math.is_finite(norms)
+    if book_keeping:
+        # Every sum is formed from kept factors, which can drop a non-finite
+        # example's rows (NaN·0 is NaN: a zero coefficient alone cannot).
+        return tf.cond(tf.reduce_all(finite), summed, lambda: summed(keep=finite)), norms
+
     def recompute():
-        # NaN·0 is NaN: a non-finite example would poison the weighted pass.
-        # Rare, so this path recomputes with every output gradient kept.
+        # A backward pass cannot drop a non-finite example's rows. Rare, so
+        # this path recomputes with every output gradient kept.
         return _recorded(
             model, loss_fn, x, y, batch, l2_norm_clip, decay, training, method=method
         )[0]
 
-    result = tf.cond(tf.reduce_all(tf.math.is_finite(norms)), weighted_backward, recompute)
-    return result, norms
+    return tf.cond(tf.reduce_all(finite), summed, recompute), norms

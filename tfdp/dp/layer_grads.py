@@ -223,6 +223,7 @@ class LinearFactors:
         self._u = None
         self._z = None
         self._per_example = None
+        self._bias_per_example = None
 
     @property
     def u(self):
@@ -275,8 +276,15 @@ class LinearFactors:
         """⟨per-example kernel gradient, W⟩ for each example."""
         return tf.reduce_sum(self.z * self.g, [1, 2])
 
+    @property
+    def bias_per_example(self):
+        """[B, p] per-example bias gradients Σ_t G_i[t]; kept rather than G."""
+        if self._bias_per_example is None:
+            self._bias_per_example = tf.reduce_sum(self.g, 1)
+        return self._bias_per_example
+
     def bias_sq_norms(self):
-        return tf.reduce_sum(tf.square(tf.reduce_sum(self.g, 1)), 1)
+        return tf.reduce_sum(tf.square(self.bias_per_example), 1)
 
     def kernel_clipped_sum(self, coeffs, keep=None):
         """Σ_i c_i·(per-example kernel gradient); `keep` (per example) drops NaN ones."""
@@ -314,8 +322,9 @@ class LinearFactors:
             )
         return tf.reshape(summed, kernel_shape)
 
-    def bias_clipped_sum(self, coeffs):
-        return tf.reduce_sum(tf.math.multiply_no_nan(self.g, coeffs[:, None, None]), [0, 1])
+    def bias_clipped_sum(self, coeffs, keep=None):
+        weighted = tf.math.multiply_no_nan(keep_rows(self.bias_per_example, keep), coeffs[:, None])
+        return tf.reduce_sum(weighted, 0)
 
 
 def linear_norm_mode(t, p, d, method):

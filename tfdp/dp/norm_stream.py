@@ -13,10 +13,11 @@ second input. One `tape.gradient(loss, norm_input)` then returns
 non-private backprop (Bu et al. 2022 report mixed ghost clipping at about the
 memory of non-private training this way).
 
-The clipped sum then needs a second backward pass on Σ_i c_i·L_i. Layers
-whose sum that pass cannot give (per-example-instantiating rules, mixed
-precision; `LayerClip.from_backward`) keep their `LayerClip` from the first
-pass; for norm layers that is a [B, C] gradient.
+A layer's clipped sum comes either from what its `LayerClip` keeps (its
+instantiated per-example gradients, small by the layer-wise rule; or, for a
+ghost norm, its input and output gradient, small where T is) or from a
+second backward pass on Σ_i c_i·L_i ("ghost", "mixed": only for
+`LayerClip.from_backward` layers, so that pass stops at the lowest of them).
 """
 
 import tensorflow as tf
@@ -36,13 +37,17 @@ class NormStream:
         context: `rules.ClipContext`. Passed to each rule's `clip`.
         layer_sq_norms: callable. `LayerClip -> [B]` squared norms of all the
             layer's variables (weight decay included).
+        keep_all: bool. Keep every layer's `LayerClip` (book-keeping: no
+            second backward pass), not only those that are not
+            `from_backward`. Defaults to False.
     """
 
-    def __init__(self, num_examples, context, layer_sq_norms):
+    def __init__(self, num_examples, context, layer_sq_norms, keep_all=False):
         self.norm_input = tf.zeros([num_examples], tf.float32)
         self.kept_clips = []
         self._context = context
         self._layer_sq_norms = layer_sq_norms
+        self._keep_all = keep_all
         self._wrapped = set()
         self._streaming = set()
         self._active = False
@@ -92,6 +97,6 @@ class NormStream:
         # input would otherwise run after the forward pass, for all layers at once.
         with tf.control_dependencies([output_grad]):
             layer_clip = layer._tfdp_rule.clip(layer, [record], [output_grad], self._context)
-            if not layer_clip.from_backward:
+            if self._keep_all or not layer_clip.from_backward:
                 self.kept_clips.append(layer_clip)
             return self._layer_sq_norms(layer_clip)

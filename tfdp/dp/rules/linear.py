@@ -21,9 +21,14 @@ class LinearClip(registry.LayerClip):
         t, p, d = layer_grads.linear_dims(layer, records)
         self.mode = layer_grads.linear_norm_mode(t, p, d, context.method)
         self.variables = layer_taps.own_trainable_variables(layer)
-        # Under mixed precision the second backward pass computes U_iᵀ G_i in
-        # bfloat16 while the norm is float32: the sum then comes from here.
-        self.from_backward = registry.is_float32(layer)
+        # Instantiated per-example gradients are kept for the sum (by the
+        # layer-wise rule they are small), so a second backward pass need not
+        # reach this layer. Under mixed precision that pass would compute
+        # U_iᵀ G_i in bfloat16 while the norm is float32: the sum then comes
+        # from here too.
+        self.from_backward = (
+            registry.is_float32(layer) and self.mode == layer_grads.GHOST
+        )
 
     def _is_kernel(self, variable):
         return variable is self.layer.kernel
@@ -36,13 +41,13 @@ class LinearClip(registry.LayerClip):
     def dot(self, variable):
         if self._is_kernel(variable):
             return self.factors.kernel_dot_weights()
-        summed = tf.reduce_sum(self.factors.g, 1)
+        summed = self.factors.bias_per_example
         return tf.reduce_sum(summed * tf.convert_to_tensor(variable)[None], 1)
 
     def clipped_sum(self, variable, coeffs, keep=None):
         if self._is_kernel(variable):
             return self.factors.kernel_clipped_sum(coeffs, keep)
-        return self.factors.bias_clipped_sum(coeffs)
+        return self.factors.bias_clipped_sum(coeffs, keep)
 
 
 class LinearRule(registry.Rule):
