@@ -7,17 +7,22 @@ Five methods give the same result to float tolerance:
 - "ghost": per-layer ghost norms (Gram matrices) for every conv/dense/
   embedding layer, then a second backward pass on Σ_i c_i·L_i.
 - "mixed": ghost norm or per-example instantiation per layer by the rule
-  2·T² < p·D (Bu et al. 2022), then the second backward pass.
-- "bk": book-keeping. Norms as in "mixed"; the clipped sum is formed from the
-  stored layer inputs and output gradients, with no second backward pass.
+  2·T² < p·D (Bu et al. 2022); the instantiated layers' sums from their
+  per-example gradients, the ghost layers' from the second backward pass.
+- "bk": book-keeping. Norms as in "mixed"; every clipped sum is formed from
+  what the norm kept (per-example gradients, or the layer's input and output
+  gradient), with no second backward pass. The default ("auto").
 
-The last three ("tapped") loop over per-layer rules (`tfdp.dp.rules`). Each
-example's contribution has norm at most C only if its clipped sum is formed
-from exactly what its norm was computed from. So "ghost" and "mixed" take from
-the second backward pass only the layers where that pass computes the same
-thing (float32 conv/dense/embedding layers); the others (mixed precision,
-layers whose per-example gradients are recomputed, e.g. with in-layer
-dropout) are summed from their rule's factors as in "bk". Models that per-layer
+The last three ("tapped") loop over per-layer rules (`tfdp.dp.rules`) and
+compute each layer's norm inside the backward pass, as soon as its output
+gradient exists (`norm_stream`), so that peak memory stays near non-private
+training's. Each example's contribution has norm at most C only if its
+clipped sum is formed from exactly what its norm was computed from. So
+"ghost" and "mixed" take from the second backward pass only the layers where
+that pass computes the same thing (float32 ghost-norm conv/dense/embedding
+layers); the others (mixed precision, layers whose per-example gradients are
+recomputed, e.g. with in-layer dropout) are summed from their rule's factors
+as in "bk". Models that per-layer
 clipping cannot bound are refused (`model_probe`): a layer reading another
 layer's variable (tied weights) makes "auto" use "vectorized"; a layer that
 mixes examples is refused by every method.
@@ -353,7 +358,7 @@ def _tapped(model, loss_fn, x, y, batch, l2_norm_clip, decay, training, *, metho
 
 
 def _recorded(model, loss_fn, x, y, batch, l2_norm_clip, decay, training, *, method):
-    """"ghost"/"mixed" for a batch with a non-finite example.
+    """The fallback of "ghost" and "mixed" for a batch with a non-finite example.
 
     Every layer's output gradient is asked of the tape at once and kept, so
     that the sums can be formed from factors with the example's rows zeroed.

@@ -264,7 +264,8 @@ class LinearFactors:
             return tf.reduce_sum(uu * gg, [1, 2])
         # Instantiated per-example gradients are kept for the clipped sum: by
         # the layer-wise rule they are no larger than the Gram matrices.
-        if self.is_conv and self._u is None:
+        if self.is_conv and self._u is None and tuple(self.layer.kernel_size) != (1, 1):
+            # A 1×1 conv's U is its (strided) input: a batched matmul is faster.
             self._per_example = conv_per_example_kernel_grads(
                 self.layer, [r.inputs for r in self.records], self.output_grads, self.k
             )

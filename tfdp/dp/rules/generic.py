@@ -58,7 +58,8 @@ class InstantiatingRule(registry.Rule):
 
     def cost(self, layer, records, method, batch_size):
         params = sum(int(v.numpy().size) for v in layer_taps.own_trainable_variables(layer))
-        return registry.Cost(0, 0, 0, layer_grads.INSTANTIATE, batch_size * params * registry.BYTES)
+        memory = batch_size * params * registry.BYTES
+        return registry.Cost(0, 0, 0, layer_grads.INSTANTIATE, memory, memory)
 
 
 @registry.register_rule(keras.layers.Layer)

@@ -72,8 +72,14 @@ class LinearRule(registry.Rule):
         elif mode == layer_grads.GHOST:
             memory = batch_size * 2 * t * t
         else:
-            memory = batch_size * (d * p + t * d)
-        return registry.Cost(t, p, d, mode, memory * registry.BYTES, pixel_gram=bool(geometry))
+            # Per-example gradients; a conv's come from Conv2DBackpropFilter
+            # one example at a time, with no unfolded input.
+            memory = batch_size * d * p
+        kept = batch_size * (t * p if mode == layer_grads.GHOST else d * p)
+        return registry.Cost(
+            t, p, d, mode, memory * registry.BYTES, kept * registry.BYTES,
+            pixel_gram=bool(geometry),
+        )
 
     def ghost_geometry(self, layer, records):
         """Padding of a cheaper Gram-matrix route, or None (see `conv_input_gram`)."""

@@ -113,7 +113,11 @@ class Cost:
         p: int. Output width.
         d: int. Input width (D), unfolded for a conv.
         mode: str. "ghost" or "instantiate".
-        memory_bytes: int. Work memory for the physical batch.
+        memory_bytes: int. Work memory of the layer's norm for the physical
+            batch, freed once the norm is computed (layers take turns).
+        kept_bytes: int. What "bk" keeps from the layer's norm until the
+            clipped sums: its per-example gradients, or its output gradient
+            for a ghost norm.
         pixel_gram: bool. A conv ghost norm whose U Uᵀ comes from the pixel
             Gram (`layer_grads.conv_input_gram`).
     """
@@ -123,6 +127,7 @@ class Cost:
     d: int
     mode: str
     memory_bytes: int
+    kept_bytes: int = 0
     pixel_gram: bool = False
 
 
