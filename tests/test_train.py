@@ -54,13 +54,36 @@ class TrainTest(tf.test.TestCase):
         self.assertEqual(ledger["sampler"], "poisson")
         with open(os.path.join(workdir, "operative_config.gin")) as f:
             self.assertIn("train.target_epsilon = 8.0", f.read())
+        # The prompt exit after the final line loses no TensorBoard event:
+        # the last evaluation's test accuracy is on disk.
+        steps = [
+            event.step
+            for path in tf.io.gfile.glob(os.path.join(workdir, "tensorboard", "events.*"))
+            for event in tf.compat.v1.train.summary_iterator(path)
+            for value in event.summary.value if value.tag == "test/accuracy"
+        ]
+        self.assertEqual(max(steps), int(match["steps"]))
 
         # Rerunning with more epochs resumes and keeps counting privacy.
         longer = run_train(*QUICK, "--gin_param=train.epochs = 3", workdir=workdir)
         self.assertNotEqual(longer.returncode, 0)  # σ was calibrated for 2 epochs.
         self.assertIn("another privacy configuration (noise_multiplier", longer.stderr)
 
-    def test_dry_run_flag_plans_and_stops(self):
+    def test_prompt_exit_runs_exit_handlers_and_keeps_the_code(self):
+        script = (
+            "import atexit, sys, tfdp.train as t\n"
+            "atexit.register(lambda: print('handler ran', flush=True))\n"
+            "sys.stdout.write('unflushed ')\n"
+            "t._exit_promptly({code})\n"
+        )
+        for code, want_rc in (("None", 0), ("3", 3), ("'a message'", 1)):
+            result = subprocess.run([sys.executable, "-c", script.format(code=code)],
+                                    capture_output=True, text=True, timeout=120)
+            self.assertEqual(result.returncode, want_rc, code)
+            self.assertEqual(result.stdout, "unflushed handler ran\n", code)
+            if code == "'a message'":
+                self.assertIn("a message", result.stderr)
+
         workdir = self.create_tempdir().full_path
         result = run_train("--gin_file=imagenet_r18_places.gin", "--dry_run", workdir=workdir)
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])

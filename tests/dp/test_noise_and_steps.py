@@ -157,7 +157,8 @@ def _batch(n, seed=0):
 
 class PrivateTrainStepTest(tf.test.TestCase):
 
-    def _weights_after(self, batches, *, sigma=0.0, clip=1e6, method="bk", private=True, seed=0):
+    def _weights_after(self, batches, *, sigma=0.0, clip=1e6, method="bk", private=True, seed=0,
+                       traces=None):
         model = _model()
         optimizer = keras.optimizers.SGD(0.1)
         if private:
@@ -174,6 +175,8 @@ class PrivateTrainStepTest(tf.test.TestCase):
             step.accumulate(x, y, tf.ones([x.shape[0]]))
         step.apply()
         self.assertEqual(int(optimizer.iterations), 1)
+        if traces is not None:
+            traces.append(step._accumulate_fn.experimental_get_tracing_count())
         return [v.numpy() for v in model.trainable_variables]
 
     def test_virtual_steps_equal_one_big_batch_at_sigma_zero(self):
@@ -201,7 +204,23 @@ class PrivateTrainStepTest(tf.test.TestCase):
             for a, b in zip(got, want):
                 self.assertAllClose(a, b, rtol=1e-4, atol=1e-6, msg=method)
 
-    def test_noise_added_once_per_logical_step(self):
+    def test_batches_of_many_lengths_trace_twice_and_clip_alike(self):
+        # Poisson steps end in physical batches of varying length: from the
+        # second length on, one trace of unknown batch size serves them all,
+        # and every method still agrees with naive in it.
+        x, y = _batch(8)
+        batches = [(x[:3], y[:3]), (x[3:5], y[3:5]), (x[5:6], y[5:6]), (x[6:], y[6:])]
+        naive_traces = []
+        want = self._weights_after(batches, clip=0.1, method="naive", traces=naive_traces)
+        # Naive loops over the examples in Python: one trace per length.
+        self.assertEqual(naive_traces, [3])
+        for method in ("vectorized", "ghost", "mixed", "bk"):
+            traces = []
+            got = self._weights_after(batches, clip=0.1, method=method, traces=traces)
+            self.assertEqual(traces, [2], msg=method)
+            for a, b in zip(got, want):
+                self.assertAllClose(a, b, rtol=1e-4, atol=1e-6, msg=method)
+
         # With σ huge the clipped sum is negligible: the update is lr·noise/B, and
         # its std must be lr·σ·C/B however many physical batches there are.
         x, y = _batch(8)

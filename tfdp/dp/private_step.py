@@ -190,7 +190,15 @@ class PrivateTrainStep:
         self._replica_grads = (
             tf.function(grad_fn, jit_compile=True, autograph=False) if jit_compile else grad_fn
         )
-        self._accumulate_fn = tf.function(self._distributed_accumulate, autograph=False)
+        # reduce_retracing: Poisson steps end in physical batches of varying
+        # length; from the second length on, one trace with an unknown batch
+        # size serves them all (each length cost a ~1 s trace, 4 in the
+        # default run). XLA (`jit_compile`) still compiles per length; naive
+        # loops over the examples in Python, so it needs the static length.
+        self._accumulate_fn = tf.function(
+            self._distributed_accumulate, autograph=False,
+            reduce_retracing=self.method != "naive",
+        )
         self._apply_fn = tf.function(self._distributed_apply, autograph=False)
 
     # ------------------------------------------------------------------
