@@ -161,5 +161,9 @@ class StreamedMemoryTest(tf.test.TestCase):
             ratio_large = large[method] / large["nonprivate"]
             self.assertLess(ratio_large, 1.15, (method, small, large))
             self.assertLess(ratio_large, ratio_small + 0.05, (method, small, large))
-        # The same measurement does see a path whose memory grows faster.
-        self.assertGreater(large["kept"] / large["nonprivate"], 1.25, (small, large))
+        # The same measurement does see a path that keeps more: every output
+        # gradient asked of the tape at once. How much more varies with the
+        # executor's order (1.12-1.41x at 128 px), so only that it shows.
+        self.assertGreater(large["kept"], 1.05 * large["nonprivate"], (small, large))
+        self.assertGreater(large["kept"] - large["nonprivate"],
+                           2 * (small["kept"] - small["nonprivate"]), (small, large))
