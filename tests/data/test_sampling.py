@@ -233,6 +233,76 @@ class PadGranuleTest(tf.test.TestCase):
                 data.pipeline.resolve_pad_granule(bad, 16)
 
 
+class _PerExampleSource:
+    """The same examples without `fetch_batch`: read one example at a time."""
+
+    random_access = True
+    encoded = False
+
+    def __init__(self, source):
+        self.source = source
+        self.info = source.info
+
+    def __len__(self):
+        return len(self.source)
+
+    def fetch(self, index):
+        return self.source.fetch(index)
+
+    def as_dataset(self, **kwargs):
+        return self.source.as_dataset(**kwargs)
+
+
+class BatchReadTest(tf.test.TestCase):
+    """Decoded in-memory sources are read a physical batch at a time.
+
+    The batches must be the ones the per-example route builds: same
+    examples, same augmentations, same padding, same static shapes.
+    """
+
+    def _both(self, preprocess_fn, pad_granule, host=0, num_hosts=1, start_step=0):
+        train, _, _ = data.load_offline("digits")
+        ctx = tf.distribute.InputContext(
+            num_input_pipelines=num_hosts, input_pipeline_id=host, num_replicas_in_sync=num_hosts
+        )
+        pipelines = [
+            data.make_train_pipeline(
+                source, sampler="poisson", physical_batch_size=16, logical_batch_size=40,
+                num_steps=7, start_step=start_step, seed=3,
+                sampling_key=np.array([8, 9], np.int64), preprocess_fn=preprocess_fn,
+                pad_granule=pad_granule, input_context=ctx if num_hosts > 1 else None,
+            )
+            for source in (train, _PerExampleSource(train))
+        ]
+        self.assertTrue(data.pipeline._reads_batches(train))
+        self.assertFalse(data.pipeline._reads_batches(_PerExampleSource(train)))
+        return pipelines
+
+    def assertSameBatches(self, batched, per_example):
+        self.assertEqual(batched.element_spec, per_example.element_spec)
+        got, want = _steps(batched), _steps(per_example)
+        self.assertLen(got, len(want))
+        self.assertNotEmpty(got)
+        for got_step, want_step in zip(got, want):
+            self.assertEqual(len(got_step), len(want_step))
+            for got_batch, want_batch in zip(got_step, want_step):
+                for g, w in zip(got_batch, want_batch):
+                    self.assertEqual(g.dtype, w.dtype)
+                    self.assertAllEqual(g, w)
+
+    def test_augmented_batches_match_per_example(self):
+        # Random crops and flips have no batched op: the map_fn route.
+        augment = data.cifar_train_preprocess(padding=2)
+        for pad_granule in (None, 4):
+            self.assertSameBatches(*self._both(augment, pad_granule))
+        self.assertSameBatches(*self._both(augment, 4, host=1, num_hosts=2, start_step=3))
+
+    def test_plain_batches_match_per_example(self):
+        # Scaling alone is vectorized.
+        self.assertSameBatches(*self._both(None, None))
+        self.assertSameBatches(*self._both(lambda image: image * 2.0 - 1.0, 8))
+
+
 class DeterminismTest(tf.test.TestCase):
     def _pipeline(self, sampling_name, start_step, seed=7, num_steps=8, key=(5, 6)):
         train, _, _ = data.load_offline("digits")
@@ -375,9 +445,29 @@ class EvalPipelineTest(tf.test.TestCase):
         self.assertAllEqual(batches[-1][2], [1, 1, 1, 0, 0])
         self.assertAllEqual(batches[-1][0][3:], np.zeros((2, 2, 2, 1)))
 
-
-if __name__ == "__main__":
-    tf.test.main()
+    def test_batch_reads_match_per_example(self):
+        train, _, _ = data.load_offline("digits")
+        normalize = data.cifar_eval_preprocess(mean=(0.5,), std=(0.25,))
+        for preprocess_fn in (None, normalize):
+            for host, num_hosts in ((0, 1), (1, 3)):
+                ctx = tf.distribute.InputContext(
+                    num_input_pipelines=num_hosts, input_pipeline_id=host,
+                    num_replicas_in_sync=num_hosts,
+                )
+                batched, per_example = (
+                    data.make_eval_pipeline(
+                        source, 64, preprocess_fn=preprocess_fn,
+                        input_context=ctx if num_hosts > 1 else None,
+                    )
+                    for source in (train, _PerExampleSource(train))
+                )
+                self.assertEqual(batched.element_spec, per_example.element_spec)
+                got, want = list(batched), list(per_example)
+                self.assertLen(got, len(want))
+                for got_batch, want_batch in zip(got, want):
+                    for g, w in zip(got_batch, want_batch):
+                        self.assertEqual(g.dtype, w.dtype)
+                        self.assertAllEqual(g, w)
 
 
 class _IndexStream:
@@ -436,3 +526,7 @@ class StreamingShuffleTest(tf.test.TestCase):
         with self.assertRaisesRegex(ValueError, "random-access.*sampler='shuffle'"):
             data.make_train_pipeline(_IndexStream(1000), sampler="poisson",
                                      logical_batch_size=100, num_steps=1, seed=0)
+
+
+if __name__ == "__main__":
+    tf.test.main()

@@ -158,7 +158,7 @@ def _batch(n, seed=0):
 class PrivateTrainStepTest(tf.test.TestCase):
 
     def _weights_after(self, batches, *, sigma=0.0, clip=1e6, method="bk", private=True, seed=0,
-                       traces=None):
+                       traces=None, trace_for_any_length=False):
         model = _model()
         optimizer = keras.optimizers.SGD(0.1)
         if private:
@@ -171,6 +171,12 @@ class PrivateTrainStepTest(tf.test.TestCase):
             step = dp.NonPrivateTrainStep(
                 model, optimizer, dp_test_case.per_example_xent, expected_batch_size=8.0
             )
+        if trace_for_any_length:
+            x, y = batches[0]
+            step.trace_for((
+                tf.TensorSpec([None] + list(x.shape[1:]), x.dtype),
+                tf.TensorSpec([None], y.dtype), tf.TensorSpec([None], tf.float32),
+            ))
         for x, y in batches:
             step.accumulate(x, y, tf.ones([x.shape[0]]))
         step.apply()
@@ -218,6 +224,14 @@ class PrivateTrainStepTest(tf.test.TestCase):
             traces = []
             got = self._weights_after(batches, clip=0.1, method=method, traces=traces)
             self.assertEqual(traces, [2], msg=method)
+            for a, b in zip(got, want):
+                self.assertAllClose(a, b, rtol=1e-4, atol=1e-6, msg=method)
+            # Traced first for the pipeline's spec (unknown batch size), as
+            # the trainer does: one trace for every length.
+            traces = []
+            got = self._weights_after(batches, clip=0.1, method=method, traces=traces,
+                                      trace_for_any_length=True)
+            self.assertEqual(traces, [1], msg=method)
             for a, b in zip(got, want):
                 self.assertAllClose(a, b, rtol=1e-4, atol=1e-6, msg=method)
 

@@ -10,6 +10,11 @@ shuffle sampling and evaluation.
 or PNG) instead of a decoded tensor; the preprocessing functions in
 `tfdp.data.preprocessing` accept both, which lets the ImageNet pipeline use
 `tf.io.decode_and_crop_jpeg`.
+
+A source of decoded images may also expose `fetch_batch(indices)`, from an
+int64 `[n]` tensor to `(images [n, ...], labels [n])`: the training pipeline
+then reads and preprocesses whole physical batches instead of one example
+per tf.data element.
 """
 
 import dataclasses
@@ -124,6 +129,10 @@ class ArraySource:
         """Returns `(image, label)` of example `index` (scalar int64 tensor)."""
         images, labels = self._tensors()
         return tf.gather(images, index), tf.gather(labels, index)
+
+    def fetch_batch(self, indices):
+        """Returns `(images, labels)` of examples `indices` (int64 `[n]` tensor)."""
+        return self.fetch(indices)
 
     def as_dataset(self, *, shuffle=False, seed=0, input_context=None):
         """Returns a dataset of `(image, label)` in index order."""

@@ -168,6 +168,24 @@ def conv_input_gram(layer, inputs, outputs, k=1):
 MAX_UNFOLDED_PER_EXAMPLE = 2**16
 
 
+def conv_kernel_grad(layer, inputs, output_grads):
+    """The conv's kernel gradient Σ_rows U_rowᵀ G_row, by `Conv2DBackpropFilter`.
+
+    Args:
+        layer: keras.layers.Conv2D. The layer (its kernel shape and geometry).
+        inputs: tensor [n, H, W, C]. Inputs of the rows to sum.
+        output_grads: tensor [n, Ho, Wo, p]. Their output gradients.
+
+    Returns:
+        A tensor shaped like the kernel.
+    """
+    strides, dilations, padding = layer_taps.conv_geometry(layer)
+    return tf.raw_ops.Conv2DBackpropFilter(
+        input=inputs, filter_sizes=layer.kernel.shape.as_list(), out_backprop=output_grads,
+        strides=strides, padding=padding, dilations=dilations, data_format="NHWC",
+    )
+
+
 def conv_per_example_kernel_grads(layer, inputs, output_grads, k=1):
     """Per-example kernel gradients of a conv, [B, kh·kw·C_in, p], without unfolding.
 
@@ -185,9 +203,6 @@ def conv_per_example_kernel_grads(layer, inputs, output_grads, k=1):
     Returns:
         A float32 tensor [B, kh·kw·C_in, p] in the layout of the reshaped kernel.
     """
-    kernel_shape = layer.kernel.shape.as_list()
-    strides, dilations, padding = layer_taps.conv_geometry(layer)
-
     def by_example(t):
         t = tf.cast(t, tf.float32)
         shape = tf.shape(t)
@@ -196,12 +211,9 @@ def conv_per_example_kernel_grads(layer, inputs, output_grads, k=1):
     def one_example(pairs):
         total = None
         for x_i, g_i in pairs:
-            part = tf.raw_ops.Conv2DBackpropFilter(
-                input=x_i, filter_sizes=kernel_shape, out_backprop=g_i,
-                strides=strides, padding=padding, dilations=dilations, data_format="NHWC",
-            )
+            part = conv_kernel_grad(layer, x_i, g_i)
             total = part if total is None else total + part
-        return tf.reshape(total, [-1, kernel_shape[-1]])
+        return tf.reshape(total, [-1, layer.kernel.shape[-1]])
 
     pairs = [(by_example(x), by_example(g)) for x, g in zip(inputs, output_grads)]
     # parallel_iterations bounds how many examples' work is in flight at once.
@@ -313,21 +325,16 @@ class LinearFactors:
         elif self.is_conv:
             # Σ_i c_i U_iᵀ G_i is the conv kernel gradient of the output
             # gradient scaled per example: no unfolded input needed.
-            strides, dilations, padding = layer_taps.conv_geometry(self.layer)
             row_coeffs = tf.repeat(coeffs, self.k) if self.k > 1 else coeffs
             row_keep = None if keep is None else tf.repeat(keep, self.k)
             summed = None
             for record, grad in zip(self.records, self.output_grads):
-                part = tf.raw_ops.Conv2DBackpropFilter(
-                    input=keep_rows(tf.cast(record.inputs, tf.float32), row_keep),
-                    filter_sizes=tf.constant(kernel_shape.as_list(), tf.int32),
-                    out_backprop=tf.math.multiply_no_nan(
+                part = conv_kernel_grad(
+                    self.layer,
+                    keep_rows(tf.cast(record.inputs, tf.float32), row_keep),
+                    tf.math.multiply_no_nan(
                         tf.cast(grad, tf.float32), row_coeffs[:, None, None, None]
                     ),
-                    strides=strides,
-                    padding=padding,
-                    dilations=dilations,
-                    data_format="NHWC",
                 )
                 summed = part if summed is None else summed + part
             return summed

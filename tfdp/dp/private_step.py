@@ -317,6 +317,23 @@ class PrivateTrainStep:
             x, y, weights = self._split_global_batch(x, y, weights)
         self._accumulate_fn(x, y, weights)
 
+    def trace_for(self, element_spec):
+        """Traces the accumulation once, for batches of these specs.
+
+        Poisson steps end in a physical batch of varying length. Traced for
+        the training pipeline's specs, whose batch size is then unknown,
+        every length shares one trace; otherwise the first length gets a
+        trace of its own (0.8 s of the default run). On several replicas,
+        and for `naive` (which needs the static length), this does nothing.
+
+        Args:
+            element_spec: the training pipeline's `element_spec`,
+                `(images, labels, weights, ...)`; the first three are used.
+        """
+        if self.num_replicas > 1 or self.method == "naive":
+            return
+        self._accumulate_fn.get_concrete_function(*element_spec[:3])
+
     def apply(self):
         """Ends the logical step: noise once, normalise, update (on every
         replica at the same time)."""
