@@ -51,7 +51,10 @@ def keep_rows(x, keep):
     if keep is None:
         return x
     shape = [-1] + [1] * (x.shape.rank - 1)
-    return tf.where(tf.reshape(keep, shape), x, tf.zeros_like(x))
+    # A broadcast scalar, not zeros_like(x): with a static shape, Grappler
+    # folds zeros_like into a constant that the function holds for good
+    # (about 120 MB for ResNet-18 at 224 px, batch 16, summed over layers).
+    return tf.where(tf.reshape(keep, shape), x, tf.zeros([], x.dtype))
 
 
 def unfold_inputs(layer, inputs):
