@@ -185,6 +185,28 @@ class PrivateTrainStepTest(tf.test.TestCase):
             traces.append(step._accumulate_fn.experimental_get_tracing_count())
         return [v.numpy() for v in model.trainable_variables]
 
+    def test_step_without_batches_applies_a_zero_sum(self):
+        # The accumulators still hold the previous step's sum; a logical step
+        # that accumulated nothing must not apply it again (σ = 0, plain SGD:
+        # the weights stay where they are).
+        model = _model()
+        optimizer = keras.optimizers.SGD(0.1)
+        step = dp.PrivateTrainStep(
+            model, optimizer, dp_test_case.per_example_xent, l2_norm_clip=1.0,
+            noise_multiplier=0.0, expected_batch_size=8.0, method="bk",
+            secret_key=SecretKey.insecure_from_seed(0),
+        )
+        x, y = _batch(8)
+        step.accumulate(x, y, tf.ones([8]))
+        step.apply()
+        after_one = [v.numpy() for v in model.trainable_variables]
+        self.assertTrue(any(np.any(a != b) for a, b in zip(
+            after_one, [v.numpy() for v in _model().trainable_variables])))
+        step.apply()
+        self.assertEqual(int(optimizer.iterations), 2)
+        for a, v in zip(after_one, model.trainable_variables):
+            self.assertAllEqual(a, v.numpy())
+
     def test_virtual_steps_equal_one_big_batch_at_sigma_zero(self):
         x, y = _batch(8)
         whole = self._weights_after([(x, y)])

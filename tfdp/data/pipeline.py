@@ -299,7 +299,7 @@ def _indexed_batches(
         real = weights > 0
         images = tf.where(
             tf.reshape(real, [-1] + [1] * (images.shape.rank - 1)), images,
-            tf.zeros_like(images),
+            tf.zeros([], images.dtype),
         )
         labels = tf.where(real, tf.cast(labels, tf.int32), 0)
         if pad_granule == p:
