@@ -610,19 +610,23 @@ def train_sampler(
     )
 
 
+def _padded_to(batch_size, images, labels, weights):
+    """A final partial evaluation batch padded with weight-0 zeros to a static size."""
+    missing = batch_size - tf.shape(labels)[0]
+    images = tf.pad(images, [[0, missing]] + [[0, 0]] * (images.shape.rank - 1))
+    labels = tf.pad(labels, [[0, missing]])
+    weights = tf.pad(weights, [[0, missing]])
+    images.set_shape([batch_size] + images.shape.as_list()[1:])
+    labels.set_shape([batch_size])
+    weights.set_shape([batch_size])
+    return images, labels, weights
+
+
 def _pad_batch(batch_size, decode_stats):
     def pad(images, labels, weights, lasts, skipped):
         del lasts
         decode_stats.skipped.assign_add(tf.reduce_sum(tf.cast(skipped, tf.int64)))
-        n = tf.shape(labels)[0]
-        missing = batch_size - n
-        images = tf.pad(images, [[0, missing]] + [[0, 0]] * (images.shape.rank - 1))
-        labels = tf.pad(labels, [[0, missing]])
-        weights = tf.pad(weights, [[0, missing]])
-        images.set_shape([batch_size] + images.shape.as_list()[1:])
-        labels.set_shape([batch_size])
-        weights.set_shape([batch_size])
-        return images, labels, weights
+        return _padded_to(batch_size, images, labels, weights)
 
     return pad
 
@@ -641,12 +645,9 @@ def _eval_batches(source, batch_size, preprocess_fn, input_context):
         images, labels = source.fetch_batch(batch_indices)
         count = tf.shape(batch_indices)[0]
         images = preprocess_batch(images, tf.zeros([count, 2], tf.int64))
-        missing = batch_size - count
-        images = tf.pad(images, [[0, missing]] + [[0, 0]] * (images.shape.rank - 1))
-        labels = tf.pad(tf.cast(labels, tf.int32), [[0, missing]])
-        weights = tf.pad(tf.ones([count], tf.float32), [[0, missing]])
-        return (tf.ensure_shape(images, [batch_size] + images.shape.as_list()[1:]),
-                tf.ensure_shape(labels, [batch_size]), tf.ensure_shape(weights, [batch_size]))
+        return _padded_to(
+            batch_size, images, tf.cast(labels, tf.int32), tf.ones([count], tf.float32)
+        )
 
     ds = tf.data.Dataset.from_tensor_slices(indices).batch(batch_size)
     return ds.map(read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
