@@ -682,8 +682,7 @@ def _train_loop(dist, step_fn, optimizer, ema, ckpt, ledger, plan, data, reporte
             sampling_key=plan.key.derive("sampling"), preprocess_fn=data.train_preprocess,
             decode_stats=train_decode_stats, pad_granule=pad_granule, **per_worker,
         )), physical_batch_size)
-    if dist.num_replicas_in_sync == 1:
-        step_fn.trace_for(pipeline.element_spec)
+    step_fn.trace_for(pipeline.element_spec)
     step = start_step
     epsilon = ledger.epsilon() if ledger is not None else math.inf
     evaluated_at = None
