@@ -23,15 +23,21 @@ _local = threading.local()
 
 
 class TapRecord:
-    """One call of a tapped layer: its input and its pre-activation output."""
+    """One call of a tapped layer: its input and its pre-activation output.
 
-    __slots__ = ("layer", "inputs", "outputs", "call_fn")
+    `statistics` holds what a rule's tap saved from the forward pass for its
+    per-example gradients (e.g. GroupNormalization's group means and inverse
+    standard deviations), or None.
+    """
 
-    def __init__(self, layer, inputs, outputs, call_fn=None):
+    __slots__ = ("layer", "inputs", "outputs", "call_fn", "statistics")
+
+    def __init__(self, layer, inputs, outputs, call_fn=None, statistics=None):
         self.layer = layer
         self.inputs = inputs
         self.outputs = outputs
         self.call_fn = call_fn
+        self.statistics = statistics
 
 
 class _Recorder:

@@ -5,6 +5,7 @@ import numpy as np
 import tensorflow as tf
 
 from tests.dp.rules import rule_test_case
+from tfdp.dp import layer_taps
 from tfdp.dp import rules
 
 
@@ -23,6 +24,44 @@ class NormRuleTest(rule_test_case.RuleTestCase):
         self.assert_rule_matches_naive(
             model, rule_test_case.images(6, 8), tf.constant([0, 1, 2, 0, 1, 2]), "norm",
         )
+
+    def test_group_norm_on_sequences_with_uneven_gamma(self):
+        inp = keras.Input((7, 6))
+        h = keras.layers.Dense(6, activation="tanh")(inp)
+        norm = keras.layers.GroupNormalization(3, epsilon=1e-5, name="gn")
+        h = norm(h)
+        h = keras.layers.GlobalAveragePooling1D()(h)
+        model = keras.Model(inp, keras.layers.Dense(3)(h))
+        norm.gamma.assign(np.linspace(-2.0, 2.0, 6))
+        norm.beta.assign(np.linspace(1.0, -1.0, 6))
+        x = tf.constant(np.random.default_rng(1).normal(3.0, 2.0, size=(6, 7, 6)), tf.float32)
+        self.assert_rule_matches_naive(model, x, tf.constant([0, 1, 2, 0, 1, 2]), "norm")
+
+    def test_group_norm_tap_computes_keras_output_bit_for_bit(self):
+        # The tap replaces GroupNormalization.call to keep its statistics; the
+        # output must be Keras's own, so a private and a non-private forward agree.
+        rng = np.random.default_rng(2)
+        for shape, groups, scale, center in [((5, 6, 6, 8), 4, True, True),
+                                             ((5, 9, 6), 2, True, False),
+                                             ((5, 4, 4, 6), 3, False, True)]:
+            layer = keras.layers.GroupNormalization(groups, scale=scale, center=center)
+            x = tf.constant(rng.normal(2.0, 3.0, size=shape), tf.float32)
+            layer.build(x.shape)
+            for v in layer.trainable_variables:
+                v.assign(rng.normal(size=v.shape))
+            expected = layer(x)
+            rules.install_taps(keras.Sequential([keras.Input(shape[1:]), layer]))
+
+            @tf.function
+            def tapped(x, layer=layer):
+                with layer_taps.recording() as recorder:
+                    out = layer(x)
+                return out, recorder.records[0].statistics
+
+            for out, statistics in (tapped(x), tapped.python_function(x)):
+                self.assertAllEqual(out, expected)
+                self.assertLen(statistics, 2)
+            self.assertAllEqual(layer(x), expected)  # Taps off: Keras's call.
 
     def test_layer_norm_rms_and_two_axes(self):
         inp = keras.Input((5, 6))

@@ -10,8 +10,53 @@ rule. BatchNormalization is refused (`layer_taps.refuse_batch_norm`).
 import keras
 import tensorflow as tf
 
+from tfdp.dp import layer_taps
 from tfdp.dp.rules import generic
 from tfdp.dp.rules import registry
+
+
+def _group_axes(layer, rank):
+    """Axes of the grouped input [B, ..., groups, C/groups] reduced per group."""
+    axes = list(range(1, rank))
+    axes.pop(-2 if layer.axis == -1 else layer.axis - 1)
+    return axes
+
+
+def _group_norm_with_statistics(layer, inputs):
+    """`GroupNormalization.call` op for op, and each group's mean and 1/√(var + ε).
+
+    The statistics let the per-example γ gradient skip recomputing the
+    moments: for the default run's first norm, 1.5 against 4.5 ms per step at
+    batch 256. `tests/dp/rules/test_norm.py` checks the output equals Keras's
+    bit for bit. Float32 layers only (`NormRule.applies`).
+    """
+    reshaped = keras.ops.cast(layer._reshape_into_groups(inputs), "float32")
+    mean, variance = keras.ops.moments(
+        reshaped, axes=_group_axes(layer, len(reshaped.shape)), keepdims=True
+    )
+    inv_std = keras.ops.rsqrt(variance + layer.epsilon)
+    broadcast_shape = layer._create_broadcast_shape(inputs.shape)
+    inv = inv_std
+    if layer.scale:
+        inv = inv * keras.ops.cast(keras.ops.reshape(layer.gamma, broadcast_shape), "float32")
+    res = -mean * inv
+    if layer.center:
+        res = res + keras.ops.cast(keras.ops.reshape(layer.beta, broadcast_shape), "float32")
+    normalized = keras.ops.cast(reshaped * inv + res, inputs.dtype)
+    outputs = keras.ops.reshape(normalized, keras.ops.shape(inputs))
+    return keras.ops.cast(outputs, layer.compute_dtype), (mean, inv_std)
+
+
+def _group_norm_gamma_grads(layer, x, grad, statistics, reduce_axes):
+    """Per-example Σ g ⊙ x̂ of a GroupNormalization from its recorded statistics."""
+    mean, inv_std = (tf.stop_gradient(s) for s in statistics)
+    grouped_x = layer._reshape_into_groups(tf.cast(x, tf.float32))
+    grouped_g = layer._reshape_into_groups(grad)
+    rank = len(grouped_x.shape)
+    spatial = [a for a in _group_axes(layer, rank) if a != rank - 1]
+    centered = tf.reduce_sum(grouped_g * (grouped_x - mean), spatial, keepdims=True)
+    per_channel = tf.squeeze(centered * inv_std, spatial)  # [B, groups, C/groups]
+    return tf.reshape(per_channel, [tf.shape(grad)[0], -1])
 
 
 def _normalized_input(layer, x):
@@ -45,6 +90,21 @@ class NormRule(generic.InstantiatingRule):
 
     name = "norm"
 
+    def tapped_call(self, layer, original):
+        if not isinstance(layer, keras.layers.GroupNormalization):
+            return super().tapped_call(layer, original)
+
+        def call(inputs):
+            recorder = layer_taps.active_recorder()
+            if recorder is None or recorder.mode != "record":
+                return original(inputs)
+            outputs, statistics = _group_norm_with_statistics(layer, inputs)
+            return recorder.record(
+                layer_taps.TapRecord(layer, inputs, outputs, original, statistics)
+            )
+
+        return call
+
     def applies(self, layer):
         if not registry.is_float32(layer) or not layer.built:
             return False
@@ -72,7 +132,10 @@ class NormRule(generic.InstantiatingRule):
             grad = tf.cast(grad, tf.float32)
             grads = []
             for v in variables:
-                if gamma is not None and v is gamma:
+                if gamma is not None and v is gamma and record.statistics is not None:
+                    grads.append(_group_norm_gamma_grads(
+                        layer, record.inputs, grad, record.statistics, reduce_axes))
+                elif gamma is not None and v is gamma:
                     xhat = _normalized_input(layer, record.inputs)
                     grads.append(tf.reduce_sum(grad * xhat, reduce_axes))
                 elif beta is not None and v is beta:
