@@ -122,6 +122,21 @@ class NoiseTest(tf.test.TestCase):
         # Tails: P(|z| > 3) = 0.0027.
         self.assertAllClose(np.mean(np.abs(big) > 3.0), 0.0027, atol=0.0015)
 
+    def test_small_tensors_share_a_draw_of_independent_normals(self):
+        big = noise_lib._SHARED_DRAW_ELEMENTS
+        sizes = [big, 1, big - 1, 5, 3]
+        self.assertEqual(noise_lib._draw_groups([tf.zeros([n]) for n in sizes]),
+                         [[0], [1, 2], [3, 4]])
+        tensors = [tf.zeros([3])] * 3000 + [tf.zeros([2, 2], tf.float64)]
+        noise = noise_lib.gaussian_noise(tensors, 1.0, dp.step_seed([3, 0], 2))
+        self.assertEqual(noise[-1].dtype, tf.float64)
+        values = np.concatenate([n.numpy().ravel() for n in noise])
+        self.assertEqual(len(np.unique(values)), values.size)
+        self.assertGreater(stats.kstest(values, "norm").pvalue, 1e-4)
+        # Neighbouring tensors of one draw are uncorrelated.
+        firsts = np.array([n.numpy()[0] for n in noise[:3000]])
+        self.assertLess(abs(np.corrcoef(firsts[:-1], firsts[1:])[0, 1]), 5.0 / np.sqrt(3000))
+
     def test_float64_and_bfloat16_noise(self):
         tensors = [tf.zeros([20_000], tf.float64), tf.zeros([20_000], tf.bfloat16)]
         noise = noise_lib.gaussian_noise(tensors, 1.0, dp.step_seed([0, 0], 1))

@@ -112,23 +112,51 @@ def noisy_divided(sums, stddev, seed, divisor):
     return _noised(sums, stddev, seed, lambda g, n: (g + n) / divisor)
 
 
-def _noised(grads, stddev, seed, combine):
-    grads = list(grads)
-    if not grads:
-        return []
-    seeds = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), len(grads))
-    results = []
+# Consecutive tensors smaller than this (in elements) share one draw. A draw
+# per tensor costs about 15 ops, and the small tensors are most of a model's
+# variables (biases, norms): for the default run's 12 variables, one draw
+# instead of 12 halves the update step's ops. It also bounds a shared draw's
+# temporaries, as drawing tensor by tensor bounds a large tensor's.
+_SHARED_DRAW_ELEMENTS = 2**18
+
+
+def _draw_groups(grads):
+    """Consecutive runs of `grads` indices, each drawn at once."""
+    groups, size = [], 0
     for i, g in enumerate(grads):
         if not g.dtype.is_floating or not g.shape.is_fully_defined():
             raise ValueError(
                 "Noise needs floating tensors of static shape. "
                 f"Received: a tensor of dtype {g.dtype.name} and shape {g.shape}."
             )
-        # One tensor at a time: run side by side, the draws' temporaries
+        n = g.shape.num_elements()
+        if groups and size + n <= _SHARED_DRAW_ELEMENTS:
+            groups[-1].append(i)
+            size += n
+        else:
+            groups.append([i])
+            size = n
+    return groups
+
+
+def _noised(grads, stddev, seed, combine):
+    grads = list(grads)
+    if not grads:
+        return []
+    groups = _draw_groups(grads)
+    seeds = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), len(groups))
+    results = []
+    for group, group_seed in zip(groups, tf.unstack(seeds)):
+        # One group at a time: run side by side, the draws' temporaries
         # would add up to several copies of the parameters at peak.
         with tf.control_dependencies(results[-1:]):
-            seed_i = tf.identity(seeds[i])
-        results.append(combine(g, _normal(g.shape, seed_i, stddev, g.dtype)))
+            group_seed = tf.identity(group_seed)
+        sizes = [grads[i].shape.num_elements() for i in group]
+        draw = _normal([sum(sizes)], group_seed, stddev, tf.float32)
+        parts = tf.split(draw, sizes) if len(group) > 1 else [draw]
+        for i, part in zip(group, parts):
+            g = grads[i]
+            results.append(combine(g, tf.cast(tf.reshape(part, g.shape), g.dtype)))
     return results
 
 
