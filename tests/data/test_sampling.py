@@ -302,6 +302,24 @@ class BatchReadTest(tf.test.TestCase):
         self.assertSameBatches(*self._both(None, None))
         self.assertSameBatches(*self._both(lambda image: image * 2.0 - 1.0, 8))
 
+    def test_user_preprocessing_keeps_autograph(self):
+        # tfdp's own pipeline functions are traced as written; a user's
+        # preprocess_fn may still branch on a tensor with a Python `if`.
+        def brighten_dark(image, seed):
+            del seed
+            if tf.reduce_mean(image) < 0.5:
+                image = image + 1.0
+            return image
+
+        def brighten_dark_eval(image):
+            return brighten_dark(image, None)
+
+        self.assertSameBatches(*self._both(brighten_dark, 4))
+        _, test, _ = data.load_offline("digits")
+        for source in (test, _PerExampleSource(test)):
+            images = next(iter(data.make_eval_pipeline(source, 32, brighten_dark_eval)))[0]
+            self.assertGreaterEqual(float(tf.reduce_min(tf.reduce_max(images, [1, 2, 3]))), 1.0)
+
 
 class DeterminismTest(tf.test.TestCase):
     def _pipeline(self, sampling_name, start_step, seed=7, num_steps=8, key=(5, 6)):

@@ -69,6 +69,7 @@ def _default_preprocess(source, train):
     shape = tuple(info.image_shape) if info is not None else None
     channels = shape[-1] if shape else 3
 
+    @_no_autograph
     def preprocess(image, seed=None):
         del seed
         image = preprocessing.to_float(preprocessing.decode(image, channels))
@@ -78,7 +79,7 @@ def _default_preprocess(source, train):
 
     if train:
         return preprocess
-    return lambda image: preprocess(image)
+    return _no_autograph(lambda image: preprocess(image))
 
 
 def _takes_seed(fn):
@@ -310,7 +311,8 @@ def _indexed_batches(
         return images, labels, weights, last
 
     ds = tf.data.Dataset.range(start_step, num_steps).flat_map(_no_autograph(step_batches))
-    return ds.map(read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return ds.map(_no_autograph_if(read, preprocess_fn), num_parallel_calls=tf.data.AUTOTUNE,
+                  deterministic=True)
 
 
 def _no_autograph(fn):
@@ -318,11 +320,23 @@ def _no_autograph(fn):
 
     tf.data converts every function it traces with autograph, and with it
     everything that function calls (the sampler's code, ...): most of the
-    1.5 s that building the default run's pipelines took. Only for
+    1.5 s that building the default run's pipelines took. Only for tfdp's
     functions that do not call the user's preprocessing, which may rely on
     autograph.
     """
-    return tf.autograph.experimental.do_not_convert(fn)
+    traced_as_written = tf.autograph.experimental.do_not_convert(fn)
+    traced_as_written._tfdp_no_autograph = True
+    return traced_as_written
+
+
+def _no_autograph_if(fn, callee):
+    """`fn`, traced as written where the function it calls is (`_no_autograph`).
+
+    Then `fn` calls none of the user's code: the default preprocessing, not
+    a `preprocess_fn` that may rely on autograph (which converts what `fn`
+    calls only when `fn` is converted).
+    """
+    return _no_autograph(fn) if getattr(callee, "_tfdp_no_autograph", False) else fn
 
 
 def _batched_preprocess(source, preprocess_fn):
@@ -344,6 +358,7 @@ def _batched_preprocess(source, preprocess_fn):
         tf.TensorSpec([None], tf.int64)
     ).structured_outputs[0]
     seeds = tf.TensorSpec([None, 2], tf.int64)
+    vectorized = _no_autograph_if(vectorized, preprocess_fn)
     try:
         tf.function(vectorized).get_concrete_function(images, seeds)
         return vectorized
@@ -359,7 +374,7 @@ def _batched_preprocess(source, preprocess_fn):
             fn_output_signature=tf.TensorSpec.from_tensor(out_spec),
         )
 
-    return one_by_one
+    return _no_autograph_if(one_by_one, preprocess_fn)
 
 
 def _batch_by_key(ds, physical_batch_size):
@@ -610,6 +625,7 @@ def train_sampler(
     )
 
 
+@_no_autograph
 def _padded_to(batch_size, images, labels, weights):
     """A final partial evaluation batch padded with weight-0 zeros to a static size."""
     missing = batch_size - tf.shape(labels)[0]
@@ -650,7 +666,8 @@ def _eval_batches(source, batch_size, preprocess_fn, input_context):
         )
 
     ds = tf.data.Dataset.from_tensor_slices(indices).batch(batch_size)
-    return ds.map(read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    return ds.map(_no_autograph_if(read, preprocess_fn), num_parallel_calls=tf.data.AUTOTUNE,
+                  deterministic=True)
 
 
 # Evaluation batches of in-memory arrays are cached up to this size.
@@ -707,6 +724,8 @@ def make_eval_pipeline(
     def seeded(image, seed):
         del seed
         return image_fn(image)
+
+    seeded = _no_autograph_if(seeded, image_fn)
 
     if _reads_batches(source):
         ds = _eval_batches(source, batch_size, seeded, input_context)
