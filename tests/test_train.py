@@ -92,6 +92,23 @@ class TrainTest(tf.test.TestCase):
             self.assertIn(needle, result.stdout)
         self.assertFalse(os.path.exists(os.path.join(workdir, "checkpoints")))
 
+    def test_keras_is_imported_without_plotting_packages(self):
+        script = (
+            "import sys, tfdp.train as t\n"
+            "t._import_keras_without_plotting()\n"
+            "print('keras' in sys.modules, 'matplotlib' in sys.modules)\n"
+            "import keras\n"
+            "keras.layers.Dense(2)(keras.ops.ones([1, 3]))\n"
+            "import importlib.util\n"
+            "if importlib.util.find_spec('matplotlib'):\n"
+            "    import matplotlib\n"  # Not hidden beyond Keras's import.
+            "print('ok')\n"
+        )
+        result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                                timeout=300)
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        self.assertEqual(result.stdout.split(), ["True", "False", "ok"])
+
     def test_budget_stops_before_exceeding_epsilon(self):
         workdir = self.create_tempdir().full_path
         result = run_train(
