@@ -122,20 +122,31 @@ class NoiseTest(tf.test.TestCase):
         # Tails: P(|z| > 3) = 0.0027.
         self.assertAllClose(np.mean(np.abs(big) > 3.0), 0.0027, atol=0.0015)
 
-    def test_small_tensors_share_a_draw_of_independent_normals(self):
-        big = noise_lib._SHARED_DRAW_ELEMENTS
-        sizes = [big, 1, big - 1, 5, 3]
-        self.assertEqual(noise_lib._draw_groups([tf.zeros([n]) for n in sizes]),
-                         [[0], [1, 2], [3, 4]])
-        tensors = [tf.zeros([3])] * 3000 + [tf.zeros([2, 2], tf.float64)]
+    def test_draws_share_small_tensors_and_split_large_ones(self):
+        n = noise_lib._DRAW_ELEMENTS
+        pieces = noise_lib._draw_pieces([tf.zeros([5]), tf.zeros([2 * n]), tf.zeros([3])])
+        self.assertEqual(pieces, [[(0, 0, 5), (1, 0, n - 5)], [(1, n - 5, n)],
+                                  [(1, 2 * n - 5, 5), (2, 0, 3)]])
+        tensors = [tf.zeros([3])] * 3000 + [tf.zeros([2, 2], tf.float64),
+                                           tf.zeros([n // 2, 5])]
         noise = noise_lib.gaussian_noise(tensors, 1.0, dp.step_seed([3, 0], 2))
-        self.assertEqual(noise[-1].dtype, tf.float64)
+        self.assertEqual(noise[-2].dtype, tf.float64)
+        self.assertEqual(noise[-1].shape, (n // 2, 5))
+        rows = np.stack([n.numpy() for n in noise[:3000]])
+        self.assertEqual(len(np.unique(rows, axis=0)), 3000)  # No tensor repeats another.
         values = np.concatenate([n.numpy().ravel() for n in noise])
-        self.assertEqual(len(np.unique(values)), values.size)
         self.assertGreater(stats.kstest(values, "norm").pvalue, 1e-4)
-        # Neighbouring tensors of one draw are uncorrelated.
+        # Neighbouring tensors of one draw, and the pieces of a split one,
+        # are uncorrelated.
         firsts = np.array([n.numpy()[0] for n in noise[:3000]])
         self.assertLess(abs(np.corrcoef(firsts[:-1], firsts[1:])[0, 1]), 5.0 / np.sqrt(3000))
+        split = noise[-1].numpy().ravel()
+        a, b = split[: n // 2], split[n // 2: n]
+        self.assertLess(abs(np.corrcoef(a, b)[0, 1]), 5.0 / np.sqrt(a.size))
+        # Each piece is added to its own slice of the tensor.
+        ramp = tf.reshape(tf.range(3 * n, dtype=tf.float32), [3, n])
+        noised = noise_lib.noisy_divided([ramp], 0.0, dp.step_seed([3, 0], 2), 2.0)[0]
+        self.assertAllEqual(noised, ramp / 2.0)
 
     def test_float64_and_bfloat16_noise(self):
         tensors = [tf.zeros([20_000], tf.float64), tf.zeros([20_000], tf.bfloat16)]
