@@ -47,7 +47,7 @@ def _group_norm_with_statistics(layer, inputs):
     return keras.ops.cast(outputs, layer.compute_dtype), (mean, inv_std)
 
 
-def _group_norm_gamma_grads(layer, x, grad, statistics, reduce_axes):
+def _group_norm_gamma_grads(layer, x, grad, statistics):
     """Per-example Σ g ⊙ x̂ of a GroupNormalization from its recorded statistics."""
     mean, inv_std = (tf.stop_gradient(s) for s in statistics)
     grouped_x = layer._reshape_into_groups(tf.cast(x, tf.float32))
@@ -64,8 +64,7 @@ def _normalized_input(layer, x):
     x = tf.cast(x, tf.float32)
     if isinstance(layer, keras.layers.GroupNormalization):
         reshaped = layer._reshape_into_groups(x)
-        axes = list(range(1, len(reshaped.shape)))
-        axes.pop(-2)  # Keeps the group axis (channels-last layers only).
+        axes = _group_axes(layer, len(reshaped.shape))
         mean, variance = keras.ops.moments(reshaped, axes=axes, keepdims=True)
         xhat = (reshaped - mean) * tf.math.rsqrt(variance + layer.epsilon)
         return tf.reshape(xhat, tf.shape(x))
@@ -94,10 +93,12 @@ class NormRule(generic.InstantiatingRule):
         if not isinstance(layer, keras.layers.GroupNormalization):
             return super().tapped_call(layer, original)
 
-        def call(inputs):
+        recorded_call = layer_taps.record_call(layer, original)
+
+        def call(inputs, *args, **kwargs):
             recorder = layer_taps.active_recorder()
-            if recorder is None or recorder.mode != "record":
-                return original(inputs)
+            if recorder is None or recorder.mode != "record" or args or kwargs:
+                return recorded_call(inputs, *args, **kwargs)
             outputs, statistics = _group_norm_with_statistics(layer, inputs)
             return recorder.record(
                 layer_taps.TapRecord(layer, inputs, outputs, original, statistics)
@@ -133,8 +134,9 @@ class NormRule(generic.InstantiatingRule):
             grads = []
             for v in variables:
                 if gamma is not None and v is gamma and record.statistics is not None:
-                    grads.append(_group_norm_gamma_grads(
-                        layer, record.inputs, grad, record.statistics, reduce_axes))
+                    grads.append(
+                        _group_norm_gamma_grads(layer, record.inputs, grad, record.statistics)
+                    )
                 elif gamma is not None and v is gamma:
                     xhat = _normalized_input(layer, record.inputs)
                     grads.append(tf.reduce_sum(grad * xhat, reduce_axes))
