@@ -60,20 +60,15 @@ def box_muller(hi, lo, angle_word, stddev):
     return radius * tf.sin(angle), radius * tf.cos(angle)
 
 
-def _normal(shape, seed, stddev, dtype):
-    """N(0, stddev²) of a static `shape`: one Philox draw of [3, ⌈n/2⌉] words."""
-    size = 1
-    for d in shape:
-        size *= int(d)
+def _normal(size, seed, stddev):
+    """`size` float32 N(0, stddev²) values: one Philox draw of [3, ⌈size/2⌉] words."""
     half = max((size + 1) // 2, 1)
     words = tf.random.stateless_uniform(
         [3, half], seed, minval=None, maxval=None, dtype=tf.uint32
     )
     hi, lo, angle_word = tf.unstack(words)
     z = tf.concat(box_muller(hi, lo, angle_word, tf.cast(stddev, tf.float32)), 0)
-    if 2 * half != size:
-        z = z[:size]
-    return tf.cast(tf.reshape(z, shape), dtype)
+    return z[:size] if 2 * half != size else z
 
 
 def gaussian_noise(grads, stddev, seed):
@@ -157,7 +152,7 @@ def _noised(grads, stddev, seed, combine):
         with tf.control_dependencies(previous):
             draw_seed = tf.identity(draw_seed)
         sizes = [size for _, _, size in draw]
-        noise = _normal([sum(sizes)], draw_seed, stddev, tf.float32)
+        noise = _normal(sum(sizes), draw_seed, stddev)
         previous = [noise]
         parts = tf.split(noise, sizes) if len(draw) > 1 else [noise]
         for (i, start, size), part in zip(draw, parts):
