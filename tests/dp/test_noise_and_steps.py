@@ -124,9 +124,20 @@ class NoiseTest(tf.test.TestCase):
 
     def test_draws_share_small_tensors_and_split_large_ones(self):
         n = noise_lib._DRAW_ELEMENTS
-        pieces = noise_lib._draw_pieces([tf.zeros([5]), tf.zeros([2 * n]), tf.zeros([3])])
-        self.assertEqual(pieces, [[(0, 0, 5), (1, 0, n - 5)], [(1, n - 5, n)],
-                                  [(1, 2 * n - 5, 5), (2, 0, 3)]])
+        shapes = [[5], [2 * n + 7], [3], [n - 2], [4], [0], [2]]
+        pieces = noise_lib._draw_pieces([tf.zeros(s) for s in shapes])
+        # A large tensor's pieces are its own draws, aligned to the draw
+        # size; small tensors share draws but are never split between two.
+        self.assertEqual(pieces, [[(0, 0, 5)], [(1, 0, n)], [(1, n, n)], [(1, 2 * n, 7)],
+                                  [(2, 0, 3)], [(3, 0, n - 2)], [(4, 0, 4), (6, 0, 2)]])
+        # A draw's values are its sin half, then its cos half, each used
+        # once, also for a tensor that spans the two halves.
+        seed = dp.step_seed([3, 0], 5)
+        shared = noise_lib.gaussian_noise([tf.zeros([5]), tf.zeros([2, 3]), tf.zeros([4])], 1.0, seed)
+        draw_seed = tf.random.experimental.stateless_split(seed, 1)[0]
+        expected = tf.concat(noise_lib._normal_halves(15, draw_seed, 1.0), 0)[:15]
+        self.assertAllEqual(tf.concat([tf.reshape(t, [-1]) for t in shared], 0), expected)
+        self.assertEqual(noise_lib.gaussian_noise([tf.zeros([0, 3])], 1.0, seed)[0].shape, (0, 3))
         tensors = [tf.zeros([3])] * 3000 + [tf.zeros([2, 2], tf.float64),
                                            tf.zeros([n // 2, 5])]
         noise = noise_lib.gaussian_noise(tensors, 1.0, dp.step_seed([3, 0], 2))

@@ -22,8 +22,9 @@ was present: for the default run that event alone costs more than δ
 P(R > 9.49) = 2⁻⁶⁵ per pair of normals, is the whole truncation cost.
 
 Three words per pair instead of two cost about 1.35× the earlier two-word
-vectorized draw; the draw is still faster than `tf.random.stateless_normal`
-(61 ms against 88 ms for ResNet-18's 11.2 M normals; docs/BENCHMARKS.md).
+vectorized draw. For ResNet-18's 11.2 M normals the draw takes 1.1–1.6×
+the time of `tf.random.stateless_normal`'s capped one (97–139 against
+86–89 ms on 2 cores, in the bench runs of docs/BENCHMARKS.md's sixth pass).
 """
 
 import math
@@ -60,15 +61,18 @@ def box_muller(hi, lo, angle_word, stddev):
     return radius * tf.sin(angle), radius * tf.cos(angle)
 
 
-def _normal(size, seed, stddev):
-    """`size` float32 N(0, stddev²) values: one Philox draw of [3, ⌈size/2⌉] words."""
+def _normal_halves(size, seed, stddev):
+    """N(0, stddev²) float32 values for `size` coordinates, as Box–Muller's halves.
+
+    One Philox draw of [3, ⌈size/2⌉] words. The draw's values, in order, are
+    the sin half then the cos half; the caller takes the first `size`.
+    """
     half = max((size + 1) // 2, 1)
     words = tf.random.stateless_uniform(
         [3, half], seed, minval=None, maxval=None, dtype=tf.uint32
     )
     hi, lo, angle_word = tf.unstack(words)
-    z = tf.concat(box_muller(hi, lo, angle_word, tf.cast(stddev, tf.float32)), 0)
-    return z[:size] if 2 * half != size else z
+    return box_muller(hi, lo, angle_word, tf.cast(stddev, tf.float32))
 
 
 def gaussian_noise(grads, stddev, seed):
@@ -118,7 +122,13 @@ _DRAW_ELEMENTS = 2**18
 
 
 def _draw_pieces(grads):
-    """The draws, in order: lists of `(tensor index, start, size)` pieces."""
+    """The draws, in order: lists of `(tensor index, start, size)` pieces.
+
+    A tensor of at least `_DRAW_ELEMENTS` elements has draws of its own, one
+    per piece, and its pieces and their halves start at multiples of 2¹⁷
+    elements: slices of it there are views, not copies. Smaller tensors share
+    draws, each whole in one draw.
+    """
     draws, room = [], 0
     for i, g in enumerate(grads):
         if not g.dtype.is_floating or not g.shape.is_fully_defined():
@@ -126,16 +136,41 @@ def _draw_pieces(grads):
                 "Noise needs floating tensors of static shape. "
                 f"Received: a tensor of dtype {g.dtype.name} and shape {g.shape}."
             )
-        start, n = 0, g.shape.num_elements()
-        while start < n:
-            if room == 0:
+        n = g.shape.num_elements()
+        if n >= _DRAW_ELEMENTS:
+            draws.extend(
+                [(i, start, min(_DRAW_ELEMENTS, n - start))]
+                for start in range(0, n, _DRAW_ELEMENTS)
+            )
+            room = 0
+        elif n:
+            if n > room:
                 draws.append([])
                 room = _DRAW_ELEMENTS
-            size = min(n - start, room)
-            draws[-1].append((i, start, size))
-            start += size
-            room -= size
+            draws[-1].append((i, 0, n))
+            room -= n
     return draws
+
+
+def _segments(draw, halves):
+    """`(tensor index, start, noise)` segments of one draw's pieces.
+
+    A piece that spans the sin and cos halves becomes two segments, so no
+    draw is concatenated into one tensor first: for a large tensor that copy
+    was a tenth of the noise's time.
+    """
+    sin_half, cos_half = halves
+    half = int(sin_half.shape[0])
+    segments, offset = [], 0
+    for i, start, size in draw:
+        end = offset + size
+        if offset < half:
+            segments.append((i, start, sin_half[offset:min(end, half)]))
+        if end > half:
+            first = max(offset, half)
+            segments.append((i, start + first - offset, cos_half[first - half:end - half]))
+        offset = end
+    return segments
 
 
 def _noised(grads, stddev, seed, combine):
@@ -143,28 +178,38 @@ def _noised(grads, stddev, seed, combine):
     if not grads:
         return []
     draws = _draw_pieces(grads)
-    seeds = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), len(draws))
-    done = [[] for _ in grads]  # Combined pieces of each tensor.
+    combined = [[] for _ in grads]  # Each tensor's combined segments, in order.
+    seeds = tf.unstack(
+        tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), len(draws))
+    ) if draws else []
     previous = []
-    for draw, draw_seed in zip(draws, tf.unstack(seeds)):
-        # One draw at a time: side by side, their temporaries would add up
-        # to several copies of the parameters at peak.
+    for draw, draw_seed in zip(draws, seeds):
+        # One draw at a time, each started once the last one is consumed:
+        # side by side, their temporaries would add up to several copies of
+        # the parameters at peak.
         with tf.control_dependencies(previous):
             draw_seed = tf.identity(draw_seed)
-        sizes = [size for _, _, size in draw]
-        noise = _normal(sum(sizes), draw_seed, stddev)
-        previous = [noise]
-        parts = tf.split(noise, sizes) if len(draw) > 1 else [noise]
-        for (i, start, size), part in zip(draw, parts):
+        halves = _normal_halves(sum(size for _, _, size in draw), draw_seed, stddev)
+        previous = []
+        for i, start, noise in _segments(draw, halves):
             g = grads[i]
-            whole = size == g.shape.num_elements()
-            g_part = g if whole else tf.reshape(g, [-1])[start:start + size]
-            part = tf.cast(tf.reshape(part, g.shape) if whole else part, g.dtype)
-            done[i].append(combine(g_part, part))
-    return [
-        pieces[0] if len(pieces) == 1 else tf.reshape(tf.concat(pieces, 0), g.shape)
-        for g, pieces in zip(grads, done)
-    ]
+            size = int(noise.shape[0])
+            if size == g.shape.num_elements():
+                g_part, noise = g, tf.reshape(noise, g.shape)
+            else:
+                g_part = tf.reshape(g, [-1])[start:start + size]
+            part = combine(g_part, tf.cast(noise, g.dtype))
+            combined[i].append(part)
+            previous.append(part)
+    results = []
+    for g, parts in zip(grads, combined):
+        if not parts:  # No elements.
+            results.append(combine(g, tf.zeros_like(g)))
+        elif len(parts) == 1:
+            results.append(parts[0])
+        else:
+            results.append(tf.reshape(tf.concat(parts, 0), g.shape))
+    return results
 
 
 def add_noise(grads, *, l2_norm_clip, noise_multiplier, seed):

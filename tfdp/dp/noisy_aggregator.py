@@ -82,12 +82,11 @@ class NoisyAggregator:
                 accumulated (the accumulators hold stale sums): the sum is
                 taken as zero. Defaults to None.
         """
-        sums = [tf.convert_to_tensor(a) for a in accumulators]
+        zeroed = []
         if empty is not None:
-            # A select, not a cond with zeros_like: Grappler folds zeros of a
-            # static shape into constants the step holds for good (24 MiB
-            # for ResNet-18).
-            sums = [tf.where(empty, tf.zeros([], s.dtype), s) for s in sums]
+            zeroed = [tf.cond(empty, lambda: self._zero(accumulators, empty), lambda: tf.constant(0))]
+        with tf.control_dependencies(zeroed):
+            sums = [tf.convert_to_tensor(a) for a in accumulators]
         if self.noise_stddev > 0:
             # noise / R drawn directly as N(0, (σC/R)²) from the same words.
             return noise_lib.noisy_divided(
@@ -95,3 +94,18 @@ class NoisyAggregator:
                 noise_lib.step_seed(self._noise_key, step), self.expected_batch_size,
             )
         return [s / self.expected_batch_size for s in sums]
+
+    @staticmethod
+    def _zero(accumulators, empty):
+        """Zeroes the accumulators' stale sums (an empty step only).
+
+        Only an empty step pays for it: a select on every step was a pass
+        over all the parameters (17 ms of ResNet-18's 32-px step on 2 cores).
+        The zero is a runtime value, because Grappler folds zeros of a static
+        shape into constants that the step then holds for good (24 MiB for
+        ResNet-18).
+        """
+        for acc in accumulators:
+            zero = tf.cast(tf.logical_not(empty), acc.dtype)
+            acc.assign(tf.fill(tf.shape(acc), zero))
+        return tf.constant(0)
