@@ -64,11 +64,13 @@ class LinearRule(registry.Rule):
             mode = layer_grads.INSTANTIATE
         geometry = self.ghost_geometry(layer, records) if mode == layer_grads.GHOST else None
         if geometry:
-            # Pixel Gram P of the padded input, then U Uᵀ and G Gᵀ.
-            pads_h, pads_w = geometry
-            h, w = (int(s) for s in records[0].inputs.shape[1:3])
-            positions = len(records) * (h + sum(pads_h)) * (w + sum(pads_w))
-            memory = batch_size * (positions**2 + 2 * t * t)
+            # Pixel Gram P of the padded input, then U Uᵀ and G Gᵀ, in
+            # chunks of the batch where that is large.
+            per_example = layer_grads.pixel_gram_floats(
+                geometry, records[0].inputs.shape, records[0].outputs.shape, len(records)
+            )
+            chunk = max(1, layer_grads.MAX_GHOST_WORK_BYTES // (registry.BYTES * per_example))
+            memory = min(batch_size, chunk) * per_example
         elif mode == layer_grads.GHOST:
             memory = batch_size * 2 * t * t
         else:
