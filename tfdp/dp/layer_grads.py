@@ -197,6 +197,11 @@ MAX_UNFOLDED_PER_EXAMPLE = 2**16
 MAX_GHOST_WORK_BYTES = 8 * 2**20
 
 
+def examples_per_chunk(per_example_floats):
+    """Examples per chunk of work of `per_example_floats` float32 each."""
+    return max(1, MAX_GHOST_WORK_BYTES // (tf.float32.size * per_example_floats))
+
+
 def over_example_chunks(fn, rows, examples, chunk, k=1):
     """`fn` on `chunk` examples at a time, in order, one chunk alive at a time.
 
@@ -374,8 +379,9 @@ class LinearFactors:
             return tf.reduce_sum(uu * gg, [1, 2])
 
         n = self.k * len(inputs)
-        work = tf.float32.size * pixel_gram_floats(geometry, inputs[0].shape, outputs[0].shape, n)
-        chunk = max(1, MAX_GHOST_WORK_BYTES // work)
+        chunk = examples_per_chunk(
+            pixel_gram_floats(geometry, inputs[0].shape, outputs[0].shape, n)
+        )
         rows = inputs[0].shape[0]
         if rows is not None and rows // self.k <= chunk:
             return sq_norms(inputs, self.g)

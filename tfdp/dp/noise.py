@@ -156,8 +156,9 @@ def _segments(draw, halves):
     """`(tensor index, start, noise)` segments of one draw's pieces.
 
     A piece that spans the sin and cos halves becomes two segments, so no
-    draw is concatenated into one tensor first: for a large tensor that copy
-    was a tenth of the noise's time.
+    draw is concatenated into one tensor first. That copy and the copies of
+    unaligned slices of the gradients took about a sixth of the noise's op
+    time (213 against 177 ms per call for 9.7 M normals on 2 cores).
     """
     sin_half, cos_half = halves
     half = int(sin_half.shape[0])

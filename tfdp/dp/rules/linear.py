@@ -69,8 +69,7 @@ class LinearRule(registry.Rule):
             per_example = layer_grads.pixel_gram_floats(
                 geometry, records[0].inputs.shape, records[0].outputs.shape, len(records)
             )
-            chunk = max(1, layer_grads.MAX_GHOST_WORK_BYTES // (registry.BYTES * per_example))
-            memory = min(batch_size, chunk) * per_example
+            memory = min(batch_size, layer_grads.examples_per_chunk(per_example)) * per_example
         elif mode == layer_grads.GHOST:
             memory = batch_size * 2 * t * t
         else:
