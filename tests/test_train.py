@@ -143,11 +143,11 @@ class TrainTest(tf.test.TestCase):
                 match = FINAL.search(result.stdout)
                 self.assertEqual(int(match["steps"]), expected_steps)
                 expected = privacy.epsilon(sigma, expected_steps, 1e-5, dataset_size=n,
-                                           batch_size=b, sampling=sampler)
+                                           batch_size=b, sampler=sampler)
                 self.assertAllClose(float(match["eps"]), expected, rtol=1e-4)
         # The two differ: the shuffle run claimed no amplification.
         self.assertGreater(privacy.epsilon(sigma, 22, 1e-5, dataset_size=n, batch_size=b,
-                                           sampling="shuffle"),
+                                           sampler="shuffle"),
                            1.5 * privacy.epsilon(sigma, 23, 1e-5, dataset_size=n, batch_size=b))
 
     def test_bad_inputs_give_one_line_errors(self):

@@ -102,7 +102,7 @@ class DPSGD:
                 )
             noise_multiplier = calibration.calibrate_noise(
                 target_epsilon, self.delta, steps=steps, dataset_size=sampler.dataset_size,
-                batch_size=sampler.logical_batch_size, accountant=accountant, sampling=sampler,
+                batch_size=sampler.logical_batch_size, accountant=accountant, sampler=sampler,
             )
             self.calibrated = True
         else:

@@ -44,10 +44,10 @@ class CorruptImagesTest(tf.test.TestCase):
         corrupt = {0, 3, 17, 22, 39}  # 0: padding also reads example 0.
         source, _ = _encoded_source(corrupt)
         clean_source, _ = _encoded_source(set())
-        for sampling in ("shuffle", "poisson"):
+        for sampler in ("shuffle", "poisson"):
             stats = data.DecodeStats()
             # One key for both pipelines: the same batches, corrupt or clean.
-            kwargs = dict(sampler=sampling, physical_batch_size=8, logical_batch_size=16,
+            kwargs = dict(sampler=sampler, physical_batch_size=8, logical_batch_size=16,
                           num_steps=10, seed=3, sampling_key=np.array([3, 4], np.int64))
             ds = data.make_train_pipeline(source, decode_stats=stats, **kwargs)
             self.assertIs(ds.decode_stats, stats)
@@ -75,8 +75,8 @@ class CorruptImagesTest(tf.test.TestCase):
                         self.assertEqual(int(labels[k]), label)
                         self.assertAllEqual(images[k], c_images[k])
             self.assertEqual(steps, 10)
-            self.assertGreater(expected_skipped, 0, sampling)
-            self.assertEqual(stats.value(), expected_skipped, sampling)
+            self.assertGreater(expected_skipped, 0, sampler)
+            self.assertEqual(stats.value(), expected_skipped, sampler)
 
     def test_skipped_examples_are_exactly_the_corrupt_ones(self):
         corrupt = {1, 2, 9, 30}

@@ -35,9 +35,9 @@ class CallbacksTest(ktc.KerasTestCase):
         kw.update(dp_kwargs)
         return self.private(ktc.tiny_model(), **kw)
 
-    def _expected_epsilon(self, steps, batch=B, sigma=1.0, sampling="poisson"):
+    def _expected_epsilon(self, steps, batch=B, sigma=1.0, sampler="poisson"):
         return tfdp.privacy.epsilon(
-            sigma, steps, 1e-3, sampling=sampling, dataset_size=N, batch_size=batch
+            sigma, steps, 1e-3, sampler=sampler, dataset_size=N, batch_size=batch
         )
 
     def test_logger_puts_epsilon_in_logs_and_tensorboard(self):
@@ -118,7 +118,7 @@ class CallbacksTest(ktc.KerasTestCase):
                 self.assertEqual(int(resumed.optimizer.iterations), total)
                 self.assertEqual(logger.history[-1][1], total)
                 self.assertAllClose(logger.history[-1][2],
-                                    self._expected_epsilon(total, sampling="shuffle"))
+                                    self._expected_epsilon(total, sampler="shuffle"))
 
     def test_model_checkpoint_round_trip(self):
         x, y = ktc.digits(N)

@@ -135,8 +135,8 @@ class AccountingTest(ktc.KerasTestCase):
         history = dp.fit(x, y, epochs=2, verbose=0, callbacks=[logger], **kw)
         return dp, history
 
-    def _epsilon(self, steps, sampling):
-        return tfdp.privacy.epsilon(self.SIGMA, steps, self.DELTA, sampling=sampling,
+    def _epsilon(self, steps, sampler):
+        return tfdp.privacy.epsilon(self.SIGMA, steps, self.DELTA, sampler=sampler,
                                     dataset_size=self.N, batch_size=self.B)
 
     def test_each_route(self):
@@ -148,25 +148,25 @@ class AccountingTest(ktc.KerasTestCase):
             ("shuffle", (x, y), dict(batch_size=self.B, shuffle=False)),
             ("shuffle", (ds, None), dict(dp=dict(dataset_size=self.N))),
         ]
-        for sampling, (xs, ys), kw in cases:
-            with self.subTest(sampling=sampling, kw=kw):
+        for sampler, (xs, ys), kw in cases:
+            with self.subTest(sampler=sampler, kw=kw):
                 dp, history = self._fit(xs, ys, **kw)
                 steps = int(dp.optimizer.iterations)
                 self.assertEqual(steps, 2 * self.N // self.B)
-                expected = self._epsilon(steps, sampling)
+                expected = self._epsilon(steps, sampler)
                 self.assertAllClose(dp.epsilon(), expected)
                 self.assertAllClose(history.history["epsilon"][-1], expected)
-                self.assertEqual(dp.privacy_ledger().sampler, sampling)
-                if sampling == "shuffle":
+                self.assertEqual(dp.privacy_ledger().sampler, sampler)
+                if sampler == "shuffle":
                     self.assertGreater(dp.epsilon(), 1.5 * self._epsilon(steps, "poisson"))
 
     def test_fixed_order_is_not_amplified_at_scale(self):
         # N=60000, B=256, 10 epochs, σ=1, δ=1e-5: one Gaussian per pass, ~19,
         # never the amplified figure.
         steps = 10 * (60000 // 256)
-        per_pass = tfdp.privacy.epsilon(1.0, steps, 1e-5, sampling="shuffle",
+        per_pass = tfdp.privacy.epsilon(1.0, steps, 1e-5, sampler="shuffle",
                                         dataset_size=60000, batch_size=256)
-        sampled = tfdp.privacy.epsilon(1.0, steps, 1e-5, sampling="poisson",
+        sampled = tfdp.privacy.epsilon(1.0, steps, 1e-5, sampler="poisson",
                                        dataset_size=60000, batch_size=256)
         self.assertBetween(per_pass, 18.0, 20.0)
         for plan, dp_kwargs in [

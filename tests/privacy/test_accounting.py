@@ -1,5 +1,6 @@
 """Tests for tfdp.privacy.accounting (no TensorFlow)."""
 
+import functools
 import math
 import subprocess
 import sys
@@ -116,7 +117,7 @@ class EpsilonMatchesDpAccountingTest(parameterized.TestCase):
             delta,
             dataset_size=n,
             batch_size=b,
-            sampling="shuffle",
+            sampler="shuffle",
         )
         self.assertEqual(got, _direct_rdp_shuffle(sigma, steps, n, b, delta))
         acc = dp_rdp.RdpAccountant(neighboring_relation=NR.ADD_OR_REMOVE_ONE)
@@ -136,7 +137,7 @@ class EpsilonMatchesDpAccountingTest(parameterized.TestCase):
             dataset_size=n,
             batch_size=b,
             accountant="pld",
-            sampling="shuffle",
+            sampler="shuffle",
         )
         self.assertAlmostEqual(
             got, _direct_pld_shuffle(sigma, steps, n, b, delta), places=9
@@ -167,7 +168,7 @@ class EpsilonMatchesDpAccountingTest(parameterized.TestCase):
         # Shuffle: one Gaussian(sigma) per pass of N // B = 10 steps.
         for steps, passes in ((7, 1), (10, 1), (11, 2), (21, 3)):
             event = privacy.make_dp_event(
-                2.0, steps, dataset_size=100, batch_size=10, sampling="shuffle"
+                2.0, steps, dataset_size=100, batch_size=10, sampler="shuffle"
             )
             self.assertEqual(
                 event,
@@ -178,7 +179,7 @@ class EpsilonMatchesDpAccountingTest(parameterized.TestCase):
         # Rate only: N and B are the integer ratio of q; 0.25 is exact, so a
         # pass is 4 steps.
         event = privacy.make_dp_event(
-            2.0, 9, sampling_rate=0.25, sampling="shuffle"
+            2.0, 9, sampling_rate=0.25, sampler="shuffle"
         )
         self.assertEqual(
             event,
@@ -203,7 +204,7 @@ class EdgeCasesTest(parameterized.TestCase):
         ("rdp", "poisson"), ("pld", "poisson"), ("rdp", "shuffle"),
         ("pld", "shuffle"),
     )
-    def test_zero_steps_is_zero(self, accountant, sampling):
+    def test_zero_steps_is_zero(self, accountant, sampler):
         for sigma in (0.0, 1.0):
             self.assertEqual(
                 privacy.epsilon(
@@ -213,7 +214,7 @@ class EdgeCasesTest(parameterized.TestCase):
                     dataset_size=1000,
                     batch_size=10,
                     accountant=accountant,
-                    sampling=sampling,
+                    sampler=sampler,
                 ),
                 0.0,
             )
@@ -222,7 +223,7 @@ class EdgeCasesTest(parameterized.TestCase):
         ("rdp", "poisson"), ("pld", "poisson"), ("rdp", "shuffle"),
         ("pld", "shuffle"),
     )
-    def test_zero_noise_is_inf(self, accountant, sampling):
+    def test_zero_noise_is_inf(self, accountant, sampler):
         self.assertEqual(
             privacy.epsilon(
                 0.0,
@@ -231,7 +232,7 @@ class EdgeCasesTest(parameterized.TestCase):
                 dataset_size=1000,
                 batch_size=10,
                 accountant=accountant,
-                sampling=sampling,
+                sampler=sampler,
             ),
             math.inf,
         )
@@ -239,7 +240,7 @@ class EdgeCasesTest(parameterized.TestCase):
     def test_pld_shuffle_works(self):
         # PLD accounts shuffle now (one Gaussian per pass): no refusal, and
         # the result is the direct PLD figure, at most RDP's.
-        kw = dict(dataset_size=1000, batch_size=10, sampling="shuffle")
+        kw = dict(dataset_size=1000, batch_size=10, sampler="shuffle")
         pld = privacy.epsilon(1.0, 10, 1e-5, accountant="pld", **kw)
         rdp = privacy.epsilon(1.0, 10, 1e-5, accountant="rdp", **kw)
         self.assertTrue(math.isfinite(pld))
@@ -257,10 +258,10 @@ class EdgeCasesTest(parameterized.TestCase):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             by_sizes = privacy.epsilon(
-                2.0, 50, 1e-6, dataset_size=n, batch_size=b, sampling="shuffle"
+                2.0, 50, 1e-6, dataset_size=n, batch_size=b, sampler="shuffle"
             )
         by_rate = privacy.epsilon(
-            2.0, 50, 1e-6, sampling_rate=b / n, sampling="shuffle"
+            2.0, 50, 1e-6, sampling_rate=b / n, sampler="shuffle"
         )
         self.assertEqual(by_rate, by_sizes)
         self.assertEqual(by_rate, _direct_rdp_shuffle(2.0, 50, n, b, 1e-6))
@@ -273,7 +274,7 @@ class EdgeCasesTest(parameterized.TestCase):
         steps_per_pass = int(1 / q + 1e-9)  # the decimal's floor(1 / q)
         for steps in (1, steps_per_pass, steps_per_pass + 1, 5 * steps_per_pass):
             got = privacy.epsilon(
-                2.0, steps, 1e-6, sampling_rate=q, sampling="shuffle"
+                2.0, steps, 1e-6, sampling_rate=q, sampler="shuffle"
             )
             decimal = _direct_rdp_shuffle(2.0, steps, steps_per_pass, 1, 1e-6)
             self.assertGreaterEqual(got, decimal)
@@ -281,12 +282,12 @@ class EdgeCasesTest(parameterized.TestCase):
 
 class MonotonicityTest(parameterized.TestCase):
     @parameterized.parameters(("rdp", "poisson"),)
-    def test_more_steps_more_epsilon(self, accountant, sampling):
+    def test_more_steps_more_epsilon(self, accountant, sampler):
         kw = dict(
             dataset_size=50_000,
             batch_size=500,
             accountant=accountant,
-            sampling=sampling,
+            sampler=sampler,
         )
         eps = [privacy.epsilon(1.5, t, 1e-5, **kw) for t in (1, 10, 100, 1000)]
         self.assertEqual(eps, sorted(eps))
@@ -301,7 +302,7 @@ class MonotonicityTest(parameterized.TestCase):
             dataset_size=50_000,
             batch_size=500,
             accountant=accountant,
-            sampling="shuffle",
+            sampler="shuffle",
         )
         steps = (1, 10, 99, 100, 101, 150, 200, 201, 1000)
         eps = {t: privacy.epsilon(1.5, t, 1e-5, **kw) for t in steps}
@@ -315,7 +316,7 @@ class MonotonicityTest(parameterized.TestCase):
         self.assertLess(eps[201], eps[1000])
 
     @parameterized.parameters(("rdp", "poisson"), ("rdp", "shuffle"))
-    def test_larger_q_more_epsilon(self, accountant, sampling):
+    def test_larger_q_more_epsilon(self, accountant, sampler):
         eps = [
             privacy.epsilon(
                 1.5,
@@ -324,7 +325,7 @@ class MonotonicityTest(parameterized.TestCase):
                 dataset_size=50_000,
                 batch_size=b,
                 accountant=accountant,
-                sampling=sampling,
+                sampler=sampler,
             )
             for b in (100, 500, 2500, 12_500)
         ]
@@ -332,7 +333,7 @@ class MonotonicityTest(parameterized.TestCase):
         self.assertEqual(eps, sorted(eps))
 
     @parameterized.parameters(("rdp", "poisson"), ("rdp", "shuffle"))
-    def test_larger_sigma_less_epsilon(self, accountant, sampling):
+    def test_larger_sigma_less_epsilon(self, accountant, sampler):
         eps = [
             privacy.epsilon(
                 s,
@@ -341,7 +342,7 @@ class MonotonicityTest(parameterized.TestCase):
                 dataset_size=50_000,
                 batch_size=500,
                 accountant=accountant,
-                sampling=sampling,
+                sampler=sampler,
             )
             for s in (0.7, 1.0, 1.5, 3.0, 8.0)
         ]
@@ -377,7 +378,7 @@ class ShuffleAccountingTest(parameterized.TestCase):
             warnings.simplefilter("ignore", UserWarning)
             poisson = privacy.epsilon(sigma, steps, 1e-6, **kw)
             shuffle = privacy.epsilon(
-                sigma, steps, 1e-6, sampling="shuffle", **kw
+                sigma, steps, 1e-6, sampler="shuffle", **kw
             )
         self.assertGreater(shuffle, poisson)
 
@@ -386,7 +387,7 @@ class ShuffleAccountingTest(parameterized.TestCase):
         # the clipped sum, sensitivity C under add/remove (slot left empty),
         # so sigma itself, not sigma / 2, once per step.
         sigma, steps, delta = 2.0, 5, 1e-5
-        kw = dict(dataset_size=100, batch_size=100, sampling="shuffle")
+        kw = dict(dataset_size=100, batch_size=100, sampler="shuffle")
         got = privacy.epsilon(sigma, steps, delta, **kw)
         acc = dp_rdp.RdpAccountant()
         acc.compose(dp_accounting.GaussianDpEvent(sigma), count=steps)
@@ -411,7 +412,7 @@ class ShuffleAccountingTest(parameterized.TestCase):
     )
     def test_one_step_into_a_new_pass_costs_a_full_pass(self, n, b):
         steps_per_pass = n // b
-        kw = dict(dataset_size=n, batch_size=b, sampling="shuffle")
+        kw = dict(dataset_size=n, batch_size=b, sampler="shuffle")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             for accountant, direct in (
@@ -464,7 +465,7 @@ class ShuffleAccountingTest(parameterized.TestCase):
                 )
                 shuffle = privacy.epsilon(
                     sigma, steps, delta, accountant=accountant,
-                    sampling="shuffle", **kw
+                    sampler="shuffle", **kw
                 )
                 self.assertGreaterEqual(shuffle, poisson, accountant)
         self.assertAlmostEqual(
@@ -498,7 +499,7 @@ class PaperKnownValueTest(absltest.TestCase):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             shuffle = privacy.epsilon(
-                PAPER_SIGMA, steps, PAPER_DELTA, sampling="shuffle", **kw
+                PAPER_SIGMA, steps, PAPER_DELTA, sampler="shuffle", **kw
             )
             pld = privacy.epsilon(
                 PAPER_SIGMA, steps, PAPER_DELTA, accountant="pld", **kw
@@ -527,11 +528,11 @@ class PaperFiguresTest(parameterized.TestCase):
             warnings.simplefilter("ignore", UserWarning)
             got = privacy.epsilon(
                 sigma, steps, PAPER_DELTA, dataset_size=PAPER_N,
-                batch_size=PAPER_B, sampling="shuffle",
+                batch_size=PAPER_B, sampler="shuffle",
             )
             one_more = privacy.epsilon(
                 sigma, steps + 1, PAPER_DELTA, dataset_size=PAPER_N,
-                batch_size=PAPER_B, sampling="shuffle",
+                batch_size=PAPER_B, sampler="shuffle",
             )
         self.assertEqual(got, direct.get_epsilon(PAPER_DELTA))
         self.assertEqual(round(got, 2), 52.28)
@@ -586,7 +587,7 @@ class ValidationTest(parameterized.TestCase):
         ("negative_steps", dict(steps=-1), "steps"),
         ("float_steps", dict(steps=1.5), "steps"),
         ("unknown_accountant", dict(accountant="gdp"), "accountant"),
-        ("unknown_sampling", dict(sampling="uniform"), "sampling"),
+        ("unknown_sampler", dict(sampler="uniform"), "sampler"),
     )
     def test_errors(self, override, name):
         kwargs = dict(
@@ -595,7 +596,7 @@ class ValidationTest(parameterized.TestCase):
             delta=1e-5,
             sampling_rate=0.01,
             accountant="rdp",
-            sampling="poisson",
+            sampler="poisson",
         )
         kwargs.update(override)
         with self.assertRaisesRegex(ValueError, f"Received: {name}=") as cm:
@@ -652,7 +653,7 @@ class EpsilonTableTest(absltest.TestCase):
                 r["epsilon_pld"], direct.get_epsilon(r["delta"]), places=9
             )
             self.assertEqual(r["steps"], 300)
-            self.assertEqual(r["sampling"], "poisson")
+            self.assertEqual(r["sampler"], "poisson")
         eps = [r["epsilon_rdp"] for r in rows]
         self.assertEqual(eps, sorted(eps))
         text = privacy.format_epsilon_table(rows)
@@ -674,11 +675,11 @@ class EpsilonTableTest(absltest.TestCase):
             dataset_size=100,
             batch_size=10,
             accountant="both",
-            sampling="shuffle",
+            sampler="shuffle",
         )
         self.assertLen(rows, len(privacy.DEFAULT_DELTAS))
         for r in rows:
-            self.assertEqual(r["sampling"], "shuffle")
+            self.assertEqual(r["sampler"], "shuffle")
             self.assertEqual(
                 r["epsilon_rdp"],
                 _direct_rdp_shuffle(1.0, 13, 100, 10, r["delta"]),
@@ -689,6 +690,69 @@ class EpsilonTableTest(absltest.TestCase):
                 places=9,
             )
             self.assertLessEqual(r["epsilon_pld"], r["epsilon_rdp"] * (1 + 1e-3))
+
+
+class DeprecatedSamplingKeywordTest(parameterized.TestCase):
+    """`sampling=` is the deprecated name of `sampler=`."""
+
+    # Each public function taking a sampler, with its other arguments.
+    FUNCTIONS = (
+        ("epsilon", privacy.epsilon, (1.5, 13, 1e-5)),
+        ("epsilon_table", privacy.epsilon_table, (1.5, 13, (1e-5, 1e-6))),
+        ("make_dp_event", privacy.make_dp_event, (1.5, 13)),
+        ("calibrate_noise", functools.partial(privacy.calibrate_noise, steps=13), (4.0, 1e-5)),
+        ("max_steps_within", privacy.max_steps_within, (4.0, 1.5, 1e-5)),
+    )
+
+    @parameterized.named_parameters(
+        (f"{name}_{sampler}", function, args, sampler)
+        for name, function, args in FUNCTIONS
+        for sampler in ("poisson", "shuffle")
+    )
+    def test_alias_is_identical_and_warns(self, function, args, sampler):
+        kw = dict(dataset_size=100, batch_size=10)
+        expected = function(*args, sampler=sampler, **kw)
+        with self.assertWarnsRegex(DeprecationWarning, "use `sampler`") as cm:
+            got = function(*args, sampling=sampler, **kw)
+        self.assertEqual(got, expected)
+        # The warning points at the caller, not into tfdp.
+        self.assertEqual(cm.filename, __file__)
+
+    def test_alias_takes_a_sampler_instance(self):
+        from tfdp import samplers
+
+        shuffle = samplers.make_sampler("shuffle", dataset_size=100, logical_batch_size=10)
+        kw = dict(dataset_size=100, batch_size=10)
+        with self.assertWarns(DeprecationWarning):
+            got = privacy.epsilon(1.5, 13, 1e-5, sampling=shuffle, **kw)
+        self.assertEqual(got, privacy.epsilon(1.5, 13, 1e-5, sampler="shuffle", **kw))
+
+    @parameterized.named_parameters(
+        (name, function, args) for name, function, args in FUNCTIONS
+    )
+    def test_both_is_an_error(self, function, args):
+        kw = dict(dataset_size=100, batch_size=10)
+        # Even an explicit sampler equal to the default is refused.
+        for sampler, sampling in (("poisson", "shuffle"), ("shuffle", "shuffle")):
+            with self.assertRaisesRegex(
+                ValueError,
+                f"Received: sampler='{sampler}', sampling='{sampling}'$",
+            ) as cm:
+                function(*args, sampler=sampler, sampling=sampling, **kw)
+            self.assertNotIn("\n", str(cm.exception))
+
+    def test_new_keyword_does_not_warn(self):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            a = privacy.epsilon(1.5, 13, 1e-5, sampling_rate=0.1)
+            b = privacy.epsilon(1.5, 13, 1e-5, sampling_rate=0.1, sampler="poisson")
+        self.assertEqual(a, b)
+
+    def test_bad_alias_value(self):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            with self.assertRaisesRegex(ValueError, "Received: sampler='uniform'"):
+                privacy.epsilon(1.5, 13, 1e-5, sampling_rate=0.1, sampling="uniform")
 
 
 class NoTensorFlowTest(absltest.TestCase):

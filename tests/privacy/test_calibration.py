@@ -16,14 +16,14 @@ class CalibrateNoiseTest(parameterized.TestCase):
         (0.5, 1e-5, 10, 0.02, "pld", "poisson"),
         (3.0, 1e-5, 250, 0.01, "pld", "shuffle"),
     )
-    def test_round_trip(self, target, delta, steps, q, accountant, sampling):
+    def test_round_trip(self, target, delta, steps, q, accountant, sampler):
         tolerance = 1e-3
         kw = dict(
             steps=steps,
             dataset_size=50_000,
             batch_size=int(q * 50_000),
             accountant=accountant,
-            sampling=sampling,
+            sampler=sampler,
         )
         sigma = privacy.calibrate_noise(
             target, delta, tolerance=tolerance, **kw
@@ -35,7 +35,7 @@ class CalibrateNoiseTest(parameterized.TestCase):
             dataset_size=kw["dataset_size"],
             batch_size=kw["batch_size"],
             accountant=accountant,
-            sampling=sampling,
+            sampler=sampler,
         )
         self.assertLessEqual(eps(sigma), target)
         # Smallest up to the relative tolerance.
@@ -71,7 +71,7 @@ class CalibrateNoiseTest(parameterized.TestCase):
             steps=200, dataset_size=50_000, batch_size=500, tolerance=1e-2
         )
         poisson = privacy.calibrate_noise(4.0, 1e-5, **kw)
-        shuffle = privacy.calibrate_noise(4.0, 1e-5, sampling="shuffle", **kw)
+        shuffle = privacy.calibrate_noise(4.0, 1e-5, sampler="shuffle", **kw)
         self.assertGreater(shuffle, poisson)
 
     def test_larger_target_less_noise(self):
@@ -114,7 +114,7 @@ class CalibrateNoiseTest(parameterized.TestCase):
             steps=250,
             dataset_size=50_000,
             batch_size=500,
-            sampling="shuffle",
+            sampler="shuffle",
             tolerance=1e-3,
         )
         pld = privacy.calibrate_noise(3.0, 1e-5, accountant="pld", **kw)
@@ -123,7 +123,7 @@ class CalibrateNoiseTest(parameterized.TestCase):
         self.assertLessEqual(
             privacy.epsilon(
                 pld, 250, 1e-5, dataset_size=50_000, batch_size=500,
-                accountant="pld", sampling="shuffle",
+                accountant="pld", sampler="shuffle",
             ),
             3.0,
         )
@@ -135,9 +135,9 @@ class MaxStepsWithinTest(parameterized.TestCase):
         (3.0, 0.9, 0.02, "poisson"),
         (3.0, 2.0, 0.01, "shuffle"),
     )
-    def test_boundary(self, target, sigma, q, sampling):
+    def test_boundary(self, target, sigma, q, sampler):
         kw = dict(
-            dataset_size=50_000, batch_size=int(q * 50_000), sampling=sampling
+            dataset_size=50_000, batch_size=int(q * 50_000), sampler=sampler
         )
         t = privacy.max_steps_within(target, sigma, 1e-5, **kw)
         self.assertGreater(t, 0)

@@ -54,7 +54,7 @@ class CliSubprocessTest(absltest.TestCase):
         self.assertEqual(result["noise_multiplier"], 1.3127)
         self.assertEqual(result["sampling_rate"], 65536 / 1281167)
         self.assertEqual(result["delta"], 1e-6)
-        self.assertEqual(result["sampling"], "poisson")
+        self.assertEqual(result["sampler"], "poisson")
         self.assertBetween(result["epsilon_rdp"], 8.0, 12.0)
         self.assertBetween(result["epsilon_pld"], 8.0, 12.0)
         self.assertEqual(
@@ -73,13 +73,13 @@ class CliSubprocessTest(absltest.TestCase):
         proc = _run(
             *PAPER,
             "--noise_multiplier=1.3127",
-            "--sampling=shuffle",
+            "--sampler=shuffle",
             "--accountant=both",
             "--json",
         )
         self.assertEqual(proc.returncode, 0, proc.stderr)
         result = json.loads(proc.stdout)
-        self.assertEqual(result["sampling"], "shuffle")
+        self.assertEqual(result["sampler"], "shuffle")
         self.assertEqual(result["adjacency"], "add_or_remove_one")
         # A shuffle epoch is N // B = 19 steps: 70 epochs are 1330 steps.
         self.assertEqual(result["steps"], 70 * 19)
@@ -104,6 +104,12 @@ class CliSubprocessTest(absltest.TestCase):
         self.assertLen(proc.stderr.strip().splitlines(), 1)
         self.assertTrue(proc.stderr.startswith("error: "), proc.stderr)
         self.assertNotIn("Traceback", proc.stderr)
+
+    def test_help_shows_sampler_not_the_deprecated_flag(self):
+        proc = _run("--help")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("--sampler {poisson,shuffle}", proc.stdout)
+        self.assertNotIn("--sampling", proc.stdout)
 
 
 class CliInProcessTest(parameterized.TestCase):
@@ -173,9 +179,9 @@ class CliInProcessTest(parameterized.TestCase):
             "accountant",
         ),
         (
-            "bad_sampling",
-            ["--steps=3", "--noise_multiplier=1", "--sampling=x"],
-            "sampling",
+            "bad_sampler",
+            ["--steps=3", "--noise_multiplier=1", "--sampler=x"],
+            "sampler",
         ),
         ("negative_steps", ["--steps=-3", "--noise_multiplier=1"], "steps"),
         ("zero_epochs", ["--epochs=0", "--noise_multiplier=1"], "epochs"),
@@ -202,7 +208,7 @@ class CliInProcessTest(parameterized.TestCase):
             "--noise_multiplier=1",
             "--delta=1e-5",
             "--accountant=pld",
-            "--sampling=shuffle",
+            "--sampler=shuffle",
             "--json",
         )
         self.assertEqual(code, 0, err)
@@ -216,7 +222,7 @@ class CliInProcessTest(parameterized.TestCase):
         )
 
     @parameterized.parameters(
-        # sampling, N, B, epochs, steps.
+        # sampler, N, B, epochs, steps.
         ("poisson", 60000, 256, 15, 3516),  # ceil(15 * 60000 / 256)
         ("shuffle", 60000, 256, 15, 3510),  # 15 * (60000 // 256)
         ("shuffle", 60000, 256, 1.5, 351),  # ceil(1.5 * 234)
@@ -225,18 +231,62 @@ class CliInProcessTest(parameterized.TestCase):
         ("poisson", 100, 1, 1.1, 110),  # 1.1 * 100 is 110.00000000000001
         ("shuffle", 100, 1, 1.1, 110),  # in floats; the decimal is exact.
     )
-    def test_epochs_to_steps(self, sampling, n, b, epochs, steps):
+    def test_epochs_to_steps(self, sampler, n, b, epochs, steps):
         code, out, err = _main(
             f"--dataset_size={n}",
             f"--batch_size={b}",
             f"--epochs={epochs}",
             "--noise_multiplier=2",
             "--delta=1e-5",
-            f"--sampling={sampling}",
+            f"--sampler={sampler}",
             "--json",
         )
         self.assertEqual(code, 0, err)
         self.assertEqual(json.loads(out)["steps"], steps)
+
+    @parameterized.parameters(
+        (["--steps=250"],), (["--steps=250", "--json"],), (["--epochs=2.5", "--json"],),
+    )
+    def test_deprecated_sampling_flag(self, extra):
+        args = ["--dataset_size=1000", "--batch_size=10", "--noise_multiplier=1",
+                "--delta=1e-5", "--accountant=both", *extra]
+        code, out, err = _main(*args, "--sampler=shuffle")
+        self.assertEqual(code, 0, err)
+        self.assertEqual(err, "")
+        old_code, old_out, old_err = _main(*args, "--sampling=shuffle")
+        self.assertEqual(old_code, 0, old_err)
+        self.assertEqual(old_out, out)
+        self.assertEqual(
+            old_err, "warning: --sampling is deprecated; use --sampler instead.\n"
+        )
+        if "--json" in extra:
+            self.assertEqual(json.loads(old_out)["sampler"], "shuffle")
+        else:
+            self.assertRegex(old_out, r"(?m)^sampler +shuffle \(add_or_remove_one\)$")
+        # Not the default's output: the flag was honoured.
+        _, default_out, _ = _main(*args)
+        self.assertNotEqual(default_out, out)
+
+    def test_sampler_and_sampling_flags_together_is_an_error(self):
+        code, out, err = _main(
+            "--dataset_size=1000", "--batch_size=10", "--steps=3",
+            "--noise_multiplier=1", "--delta=1e-5",
+            "--sampler=shuffle", "--sampling=shuffle",
+        )
+        self.assertEqual(code, 2)
+        self.assertEqual(out, "")
+        self.assertRegex(err, "^error: argument --sampl.*not allowed with argument --sampl")
+        self.assertLen(err.splitlines(), 1)
+
+    def test_bad_deprecated_sampling_value(self):
+        code, out, err = _main(
+            "--dataset_size=1000", "--batch_size=10", "--steps=3",
+            "--noise_multiplier=1", "--delta=1e-5", "--sampling=x",
+        )
+        self.assertEqual(code, 2)
+        self.assertEqual(out, "")
+        self.assertRegex(err, "^error: .*sampling.*invalid choice")
+        self.assertLen(err.splitlines(), 1)
 
     def test_bad_delta(self):
         code, _, err = _main(

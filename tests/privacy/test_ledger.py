@@ -59,7 +59,7 @@ class PrivacyLedgerTest(parameterized.TestCase):
             1e-6,
             dataset_size=60_000,
             batch_size=256,
-            sampling=sampler,
+            sampler=sampler,
             accountant=accountant,
         )
         self.assertEqual(ledger.epsilon(), expected)
@@ -171,7 +171,7 @@ class PrivacyLedgerTest(parameterized.TestCase):
                 1e-6,
                 dataset_size=60_000,
                 batch_size=256,
-                sampling=sampler,
+                sampler=sampler,
             ),
         )
         # The stopping rule a trainer uses lands exactly there.

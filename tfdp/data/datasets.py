@@ -11,7 +11,7 @@
 
 Every source is random access, so Poisson sampling and its accountant are
 the same for all of them (tfds datasets prepared without array_record are
-the exception: they stream, for `sampling="shuffle"` only).
+the exception: they stream, for `sampler="shuffle"` only).
 """
 
 import dataclasses

@@ -204,7 +204,7 @@ class RandomAccessSource:
 class StreamingSource:
     """A tfds split read sequentially (TFRecord), without random access.
 
-    Supports `sampling="shuffle"` (shuffle buffer) and evaluation; Poisson
+    Supports `sampler="shuffle"` (shuffle buffer) and evaluation; Poisson
     sampling needs a random-access source.
 
     Args:
@@ -464,7 +464,7 @@ def load_tfds(
                 raise ValueError(
                     f"The tfds dataset {name!r} has no random-access files. Re-prepare "
                     f"it with `tfds build {name} --file_format=array_record`, or use "
-                    "access='streaming' with sampling='shuffle'. Received: "
+                    "access='streaming' with sampler='shuffle'. Received: "
                     f"access={access!r}"
                 ) from e
             access = "streaming"

@@ -15,7 +15,7 @@ Imports no TensorFlow. See `docs/PRIVACY.md` for the accounting choices.
 
 from tfdp.privacy.accounting import ACCOUNTANTS
 from tfdp.privacy.accounting import DEFAULT_DELTAS
-from tfdp.privacy.accounting import SAMPLINGS
+from tfdp.privacy.accounting import SAMPLERS
 from tfdp.privacy.accounting import epsilon
 from tfdp.privacy.accounting import epsilon_table
 from tfdp.privacy.accounting import format_epsilon_table
@@ -30,7 +30,7 @@ from tfdp.privacy.ledger import PrivacyLedger
 __all__ = [
     "ACCOUNTANTS",
     "DEFAULT_DELTAS",
-    "SAMPLINGS",
+    "SAMPLERS",
     "PrivacyLedger",
     "calibrate_noise",
     "epsilon",

@@ -28,7 +28,7 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from tfdp import samplers
 
 ACCOUNTANTS = ("rdp", "pld")
-SAMPLINGS = samplers.names()
+SAMPLERS = samplers.names()
 DEFAULT_DELTAS = (1e-5, 1e-6, 1e-7, 1e-8)
 
 # The RDP orders dp_accounting uses by default; pinned so that the cached
@@ -95,31 +95,71 @@ def validate_accountant(accountant):
     return accountant
 
 
-def validate_sampling(sampling, name="sampling"):
-    if isinstance(sampling, samplers.Sampler):
-        return sampling
-    if sampling not in SAMPLINGS:
+def validate_sampler(sampler, name="sampler"):
+    if isinstance(sampler, samplers.Sampler):
+        return sampler
+    if sampler not in SAMPLERS:
         raise ValueError(
-            f"`{name}` must be one of {SAMPLINGS}. "
-            f"Received: {name}={sampling!r}"
+            f"`{name}` must be one of {SAMPLERS}. "
+            f"Received: {name}={sampler!r}"
         )
+    return sampler
+
+
+class _DefaultSampler(str):
+    """The type of `_DEFAULT_SAMPLER`, told apart from an explicit "poisson"."""
+
+
+# The default `sampler=` of the public functions: it equals "poisson", and
+# its identity tells `_resolve_sampler` that `sampler` was not passed.
+_DEFAULT_SAMPLER = _DefaultSampler("poisson")
+
+
+def _resolve_sampler(sampler, sampling):
+    """A public function's sampler, given as `sampler=` or `sampling=`.
+
+    `sampling=` is the deprecated name of `sampler=`: it warns with a
+    `DeprecationWarning` and behaves identically. Passing both is an error.
+
+    Args:
+        sampler: the function's `sampler` argument, `_DEFAULT_SAMPLER` when
+            not passed.
+        sampling: the function's deprecated `sampling` argument, `None` when
+            not passed.
+
+    Returns:
+        The sampler: a name or a `tfdp.samplers.Sampler`, not yet validated.
+    """
+    if sampling is None:
+        return str(sampler) if sampler is _DEFAULT_SAMPLER else sampler
+    if sampler is not _DEFAULT_SAMPLER:
+        raise ValueError(
+            "Pass `sampler` only: `sampling` is its deprecated name. "
+            f"Received: sampler={sampler!r}, sampling={sampling!r}"
+        )
+    warnings.warn(
+        "The `sampling` argument is deprecated; use `sampler` instead. "
+        f"Received: sampling={sampling!r}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
     return sampling
 
 
-def adjacency(sampling):
-    """The name of the adjacency relation `sampling`'s bound is stated under."""
-    return _sampler_type(sampling).adjacency
+def adjacency(sampler):
+    """The name of the adjacency relation `sampler`'s bound is stated under."""
+    return _sampler_type(sampler).adjacency
 
 
-def _sampler_type(sampling):
-    return type(sampling) if isinstance(sampling, samplers.Sampler) else samplers.sampler_class(sampling)
+def _sampler_type(sampler):
+    return type(sampler) if isinstance(sampler, samplers.Sampler) else samplers.sampler_class(sampler)
 
 
-def check_supported(accountant, sampling):
-    if not _sampler_type(sampling).supports_accountant(accountant):
+def check_supported(accountant, sampler):
+    if not _sampler_type(sampler).supports_accountant(accountant):
         raise ValueError(
             f"The {accountant} accountant does not support this sampler. "
-            f"Received: accountant={accountant!r}, sampling={sampling!r}"
+            f"Received: accountant={accountant!r}, sampler={sampler!r}"
         )
 
 
@@ -218,15 +258,15 @@ def _validate_all(
     dataset_size,
     batch_size,
     accountant,
-    sampling,
+    sampler,
 ):
     noise_multiplier = validate_noise_multiplier(noise_multiplier)
     steps = validate_steps(steps)
     delta = validate_delta(delta)
     validate_accountant(accountant)
-    validate_sampling(sampling)
+    validate_sampler(sampler)
     q, n, b = resolve_sampling_rate(sampling_rate, dataset_size, batch_size)
-    check_supported(accountant, sampling)
+    check_supported(accountant, sampler)
     return noise_multiplier, steps, delta, q, n, b
 
 
@@ -293,7 +333,8 @@ def make_dp_event(
     sampling_rate=None,
     dataset_size=None,
     batch_size=None,
-    sampling="poisson",
+    sampler=_DEFAULT_SAMPLER,
+    sampling=None,
 ):
     """Returns the `dp_accounting.DpEvent` describing a DP-SGD run.
 
@@ -301,7 +342,7 @@ def make_dp_event(
     `SelfComposed(PoissonSampled(q, Gaussian(sigma)), steps)`; for
     `"shuffle"`, `SelfComposed(Gaussian(sigma), passes)`, one Gaussian
     mechanism per pass over the data. Both are accounted under add/remove-one
-    adjacency (`adjacency(sampling)`).
+    adjacency (`adjacency(sampler)`).
 
     Args:
         noise_multiplier: float. Noise std over the clipping norm `C`,
@@ -310,24 +351,28 @@ def make_dp_event(
         sampling_rate: float or None. Poisson rate `q`. Defaults to `None`.
         dataset_size: int or None. `N`. Defaults to `None`.
         batch_size: int or None. `B`. Defaults to `None`.
-        sampling: str or `tfdp.samplers.Sampler`. Defaults to `"poisson"`.
+        sampler: str or `tfdp.samplers.Sampler`. `"poisson"` or `"shuffle"`,
+            or a sampler instance. Defaults to `"poisson"`.
+        sampling: deprecated alias of `sampler` (warns; passing both
+            raises `ValueError`). Defaults to `None`.
 
     Returns:
         A `dp_accounting.DpEvent`.
     """
+    sampler = _resolve_sampler(sampler, sampling)
     sigma = validate_noise_multiplier(noise_multiplier)
     steps = validate_steps(steps)
-    validate_sampling(sampling)
+    validate_sampler(sampler)
     q, n, b = resolve_sampling_rate(sampling_rate, dataset_size, batch_size)
-    return _make_event(sigma, steps, q, n, b, sampling)
+    return _make_event(sigma, steps, q, n, b, sampler)
 
 
-def _make_event(sigma, steps, q, n, b, sampling):
-    return samplers.for_accounting(sampling, q, n, b).dp_event(sigma, steps)
+def _make_event(sigma, steps, q, n, b, sampler):
+    return samplers.for_accounting(sampler, q, n, b).dp_event(sigma, steps)
 
 
-def _relation(sampling):
-    return _sampler_type(sampling).neighboring_relation
+def _relation(sampler):
+    return _sampler_type(sampler).neighboring_relation
 
 
 # --------------------------------------------------------------------------
@@ -393,17 +438,17 @@ def _pld_accountant(sampler, sigma, steps):
     return accountant
 
 
-def _epsilon(sigma, steps, delta, q, n, b, accountant, sampling):
+def _epsilon(sigma, steps, delta, q, n, b, accountant, sampler):
     """Epsilon for already validated arguments."""
     if steps == 0:
         # No step ran, so nothing was released; this wins over sigma = 0.
         return 0.0
     if sigma == 0:
         return math.inf
-    sampler = samplers.for_accounting(sampling, q, n, b)
+    accounted = samplers.for_accounting(sampler, q, n, b)
     if accountant == "rdp":
-        return _rdp_epsilon(sigma, steps, delta, sampler)
-    return float(_pld_accountant(sampler, sigma, steps).get_epsilon(delta))
+        return _rdp_epsilon(sigma, steps, delta, accounted)
+    return float(_pld_accountant(accounted, sigma, steps).get_epsilon(delta))
 
 
 def epsilon(
@@ -415,15 +460,16 @@ def epsilon(
     dataset_size=None,
     batch_size=None,
     accountant="rdp",
-    sampling="poisson",
+    sampler=_DEFAULT_SAMPLER,
+    sampling=None,
 ):
     """Returns the epsilon of `steps` DP-SGD steps at the given `delta`.
 
-    `sampling="poisson"`: each step's batch includes every example
+    `sampler="poisson"`: each step's batch includes every example
     independently with probability `q`; accounted as the Poisson-subsampled
     Gaussian mechanism under add/remove-one adjacency, by RDP or PLD.
 
-    `sampling="shuffle"`: fixed-size batches, each example at most once per
+    `sampler="shuffle"`: fixed-size batches, each example at most once per
     pass over the data, in any order; accounted as one Gaussian mechanism
     per pass (a partial pass counts as whole), by RDP or PLD, under
     add/remove adjacency with the removed example's slot left empty. No
@@ -441,12 +487,16 @@ def epsilon(
             Also enables a warning when `delta >= 1/N`. Defaults to `None`.
         batch_size: int or None. `B`. Defaults to `None`.
         accountant: str. `"rdp"` or `"pld"`. Defaults to `"rdp"`.
-        sampling: str. `"poisson"` or `"shuffle"`. Defaults to `"poisson"`.
+        sampler: str or `tfdp.samplers.Sampler`. `"poisson"` or `"shuffle"`,
+            or a sampler instance. Defaults to `"poisson"`.
+        sampling: deprecated alias of `sampler` (warns; passing both
+            raises `ValueError`). Defaults to `None`.
 
     Returns:
         Epsilon as a float: `0.0` when `steps == 0`, `inf` when
         `noise_multiplier == 0` (and `steps > 0`).
     """
+    sampler = _resolve_sampler(sampler, sampling)
     sigma, steps, delta, q, n, b = _validate_all(
         noise_multiplier,
         steps,
@@ -455,10 +505,10 @@ def epsilon(
         dataset_size,
         batch_size,
         accountant,
-        sampling,
+        sampler,
     )
     check_delta_against_dataset(delta, n)
-    return _epsilon(sigma, steps, delta, q, n, b, accountant, sampling)
+    return _epsilon(sigma, steps, delta, q, n, b, accountant, sampler)
 
 
 def epsilon_table(
@@ -470,7 +520,8 @@ def epsilon_table(
     dataset_size=None,
     batch_size=None,
     accountant="rdp",
-    sampling="poisson",
+    sampler=_DEFAULT_SAMPLER,
+    sampling=None,
 ):
     """Returns epsilon at several deltas, as in the paper's Appendix I.
 
@@ -484,13 +535,17 @@ def epsilon_table(
         dataset_size: int or None. `N`. Defaults to `None`.
         batch_size: int or None. `B`. Defaults to `None`.
         accountant: str. `"rdp"`, `"pld"` or `"both"`. Defaults to `"rdp"`.
-        sampling: str. `"poisson"` or `"shuffle"`. Defaults to `"poisson"`.
+        sampler: str or `tfdp.samplers.Sampler`. `"poisson"` or `"shuffle"`,
+            or a sampler instance. Defaults to `"poisson"`.
+        sampling: deprecated alias of `sampler` (warns; passing both
+            raises `ValueError`). Defaults to `None`.
 
     Returns:
         A list with one dict per delta, with keys `delta`,
         `epsilon_rdp` and/or `epsilon_pld`, `noise_multiplier`,
-        `sampling_rate`, `steps` and `sampling`.
+        `sampling_rate`, `steps` and `sampler`.
     """
+    sampler = _resolve_sampler(sampler, sampling)
     if accountant == "both":
         accountants = ACCOUNTANTS
     else:
@@ -511,7 +566,7 @@ def epsilon_table(
                 dataset_size,
                 batch_size,
                 acc,
-                sampling,
+                sampler,
             )
     sigma, steps, _, q, n, b = validated
     check_delta_against_dataset(max(deltas), n)
@@ -522,11 +577,11 @@ def epsilon_table(
             "noise_multiplier": sigma,
             "sampling_rate": q,
             "steps": steps,
-            "sampling": sampling,
+            "sampler": sampler,
         }
         for acc in accountants:
             row[f"epsilon_{acc}"] = _epsilon(
-                sigma, steps, float(delta), q, n, b, acc, sampling
+                sigma, steps, float(delta), q, n, b, acc, sampler
             )
         rows.append(row)
     return rows

@@ -39,7 +39,8 @@ def calibrate_noise(
     dataset_size=None,
     batch_size=None,
     accountant="rdp",
-    sampling="poisson",
+    sampler=accounting._DEFAULT_SAMPLER,
+    sampling=None,
     tolerance=1e-3,
 ):
     """Returns the smallest noise multiplier whose epsilon meets a target.
@@ -72,14 +73,18 @@ def calibrate_noise(
         dataset_size: int or None. `N`. Defaults to `None`.
         batch_size: int or None. `B`. Defaults to `None`.
         accountant: str. `"rdp"` or `"pld"`. Defaults to `"rdp"`.
-        sampling: str. `"poisson"` or `"shuffle"` (see
-            `tfdp.privacy.epsilon`). Defaults to `"poisson"`.
+        sampler: str or `tfdp.samplers.Sampler`. `"poisson"` or
+            `"shuffle"`, or a sampler instance (see `tfdp.privacy.epsilon`).
+            Defaults to `"poisson"`.
+        sampling: deprecated alias of `sampler` (warns; passing both
+            raises `ValueError`). Defaults to `None`.
         tolerance: float. Relative precision of the returned `sigma`, in
             `(0, 1)`. Defaults to `1e-3`.
 
     Returns:
         The noise multiplier, a float.
     """
+    sampler = accounting._resolve_sampler(sampler, sampling)
     target = _validate_target(target_epsilon)
     if not accounting._is_real(tolerance) or not 0 < tolerance < 1:
         raise ValueError(
@@ -93,7 +98,7 @@ def calibrate_noise(
         dataset_size,
         batch_size,
         accountant,
-        sampling,
+        sampler,
     )
     accounting.check_delta_against_dataset(delta, n)
     if steps == 0:
@@ -101,7 +106,7 @@ def calibrate_noise(
 
     def eps(sigma):
         return accounting._epsilon(
-            sigma, steps, delta, q, n, b, accountant, sampling
+            sigma, steps, delta, q, n, b, accountant, sampler
         )
 
     guess, factor = 1.0, 2.0
@@ -126,7 +131,7 @@ def calibrate_noise(
             # so the floor meets the target there too.
             return MIN_NOISE_MULTIPLIER
     where = (
-        f"{accountant}, {sampling}, steps={steps}, q={q:.6g}, delta={delta:g}"
+        f"{accountant}, {sampler}, steps={steps}, q={q:.6g}, delta={delta:g}"
     )
     return _smallest_sigma(eps, target, tolerance, guess, factor, where)
 
@@ -235,7 +240,8 @@ def max_steps_within(
     dataset_size=None,
     batch_size=None,
     accountant="rdp",
-    sampling="poisson",
+    sampler=accounting._DEFAULT_SAMPLER,
+    sampling=None,
 ):
     """Returns the largest step count whose epsilon is `<= target_epsilon`.
 
@@ -251,11 +257,15 @@ def max_steps_within(
         dataset_size: int or None. `N`. Defaults to `None`.
         batch_size: int or None. `B`. Defaults to `None`.
         accountant: str. `"rdp"` or `"pld"`. Defaults to `"rdp"`.
-        sampling: str. `"poisson"` or `"shuffle"`. Defaults to `"poisson"`.
+        sampler: str or `tfdp.samplers.Sampler`. `"poisson"` or
+            `"shuffle"`, or a sampler instance. Defaults to `"poisson"`.
+        sampling: deprecated alias of `sampler` (warns; passing both
+            raises `ValueError`). Defaults to `None`.
 
     Returns:
         The number of steps, an int.
     """
+    sampler = accounting._resolve_sampler(sampler, sampling)
     target = _validate_budget(target_epsilon)
     sigma, _, delta, q, n, b = accounting._validate_all(
         noise_multiplier,
@@ -265,13 +275,13 @@ def max_steps_within(
         dataset_size,
         batch_size,
         accountant,
-        sampling,
+        sampler,
     )
     accounting.check_delta_against_dataset(delta, n)
     return _max_steps_within(
         target,
         lambda t: accounting._epsilon(
-            sigma, t, delta, q, n, b, accountant, sampling
+            sigma, t, delta, q, n, b, accountant, sampler
         ),
     )
 

@@ -14,9 +14,9 @@ _DESCRIPTION = """\
 Epsilon of a DP-SGD run, or the noise multiplier for a target epsilon.
 Steps from epochs are ceil(epochs * steps per epoch): N / B for Poisson,
 N // B for shuffle.
---sampling=poisson: Poisson-subsampled Gaussian per step, add/remove-one
+--sampler=poisson: Poisson-subsampled Gaussian per step, add/remove-one
 adjacency.
---sampling=shuffle: fixed-size batches, each example once per pass, any
+--sampler=shuffle: fixed-size batches, each example once per pass, any
 order: one Gaussian mechanism per pass, no amplification."""
 
 
@@ -65,6 +65,22 @@ def _finite_float(text):
     return value
 
 
+class _DeprecatedAlias(argparse.Action):
+    """Stores like `replacement` and notes that the old flag was used."""
+
+    def __init__(self, option_strings, dest, replacement, **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.replacement = replacement
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        notes = getattr(namespace, "deprecation_notes", [])
+        notes.append(
+            f"{option_string} is deprecated; use {self.replacement} instead."
+        )
+        namespace.deprecation_notes = notes
+
+
 def build_parser():
     parser = _Parser(
         prog="python -m tfdp.privacy",
@@ -102,8 +118,19 @@ def build_parser():
     parser.add_argument(
         "--accountant", choices=("rdp", "pld", "both"), default="rdp"
     )
-    parser.add_argument(
-        "--sampling", choices=accounting.SAMPLINGS, default="poisson"
+    sampler_flag = parser.add_mutually_exclusive_group()
+    sampler_flag.add_argument(
+        "--sampler", choices=accounting.SAMPLERS, default="poisson"
+    )
+    # --sampling, the flag's deprecated name: it still works (with a warning
+    # on stderr), is hidden from --help, and may not be combined with --sampler.
+    sampler_flag.add_argument(
+        "--sampling",
+        dest="sampler",
+        choices=accounting.SAMPLERS,
+        action=_DeprecatedAlias,
+        replacement="--sampler",
+        help=argparse.SUPPRESS,
     )
     parser.add_argument(
         "--tolerance",
@@ -127,7 +154,7 @@ def compute(args):
     n, b = args.dataset_size, args.batch_size
     q, _, _ = accounting.resolve_sampling_rate(None, n, b)
     if args.epochs is not None:
-        sampler = samplers.make_sampler(args.sampling, dataset_size=n, logical_batch_size=b)
+        sampler = samplers.make_sampler(args.sampler, dataset_size=n, logical_batch_size=b)
         steps = sampler.steps_for_epochs(args.epochs)
     else:
         steps = args.steps
@@ -136,19 +163,19 @@ def compute(args):
     else:
         accountants = (args.accountant,)
     for acc in accountants:
-        accounting.check_supported(acc, args.sampling)
+        accounting.check_supported(acc, args.sampler)
     result = {
         "dataset_size": n,
         "batch_size": b,
         "epochs": args.epochs,
         "steps": steps,
         "sampling_rate": q,
-        "sampling": args.sampling,
-        "adjacency": accounting.adjacency(args.sampling),
+        "sampler": args.sampler,
+        "adjacency": accounting.adjacency(args.sampler),
         "delta": args.delta,
         "accountant": args.accountant,
     }
-    common = dict(dataset_size=n, batch_size=b, sampling=args.sampling)
+    common = dict(dataset_size=n, batch_size=b, sampler=args.sampler)
     if args.target_epsilon is not None:
         # With both accountants, the larger sigma meets the target under
         # both, so that is the one reported and used below.
@@ -198,7 +225,7 @@ def format_text(result):
     rows += [
         ("steps", f"{result['steps']:,}"),
         ("sampling_rate (q)", f"{result['sampling_rate']:.6g}"),
-        ("sampling", f"{result['sampling']} ({result['adjacency']})"),
+        ("sampler", f"{result['sampler']} ({result['adjacency']})"),
     ]
     if "target_epsilon" in result:
         rows.append(("target_epsilon", f"{result['target_epsilon']:g}"))
@@ -247,6 +274,8 @@ def main(argv=None, stdout=None, stderr=None):
         message = " ".join(str(e).split())
         print(f"error: {message}", file=stderr)
         return 2
+    for note in getattr(args, "deprecation_notes", []):
+        print(f"warning: {note}", file=stderr)
     seen = []
     for w in caught:
         text = str(w.message)

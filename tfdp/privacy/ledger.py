@@ -88,7 +88,7 @@ class PrivacyLedger:
             dataset_size,
             batch_size,
             accountant,
-            accounting.validate_sampling(sampler, name="sampler"),
+            accounting.validate_sampler(sampler),
         )
         accounting.check_delta_against_dataset(delta, n)
         self._noise_multiplier = sigma
