@@ -748,6 +748,13 @@ class DeprecatedSamplingKeywordTest(parameterized.TestCase):
             b = privacy.epsilon(1.5, 13, 1e-5, sampling_rate=0.1, sampler="poisson")
         self.assertEqual(a, b)
 
+    def test_old_constant_name_warns(self):
+        with self.assertWarnsRegex(DeprecationWarning, "SAMPLERS"):
+            old = privacy.SAMPLINGS
+        self.assertEqual(old, privacy.SAMPLERS)
+        with self.assertRaises(AttributeError):
+            privacy.NO_SUCH_NAME  # pylint: disable=pointless-statement
+
     def test_bad_alias_value(self):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
