@@ -1,11 +1,13 @@
 """Model builders for DP-SGD: GroupNorm ResNets, small convnets, BN surgery.
 
 All builders return Functional Keras models made of standard leaf layers
-(Conv2D, Dense, GroupNormalization, ...), which is what the DP engine taps.
+(Conv2D, Dense, ...), which is what the DP engine taps, and tfdp's
+`GroupNormalization`: Keras's layer with faster moments on CPU.
 No builder uses BatchNormalization.
 """
 
 from tfdp.models.find_batchnorm import find_batchnorm
+from tfdp.models.group_normalization import GroupNormalization
 from tfdp.models.replace_batchnorm import replace_batchnorm
 from tfdp.models.resnet_v2 import resnet_v2
 from tfdp.models.resnets import resnet101
@@ -26,6 +28,7 @@ from tfdp.models.ws_conv2d import WSConv2D
 
 __all__ = [
     "FREEZABLE_SUB_BLOCKS",
+    "GroupNormalization",
     "SUB_BLOCKS",
     "WSConv2D",
     "find_batchnorm",

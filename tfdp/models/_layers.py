@@ -8,6 +8,7 @@ import math
 
 import keras
 
+from tfdp.models.group_normalization import GroupNormalization
 from tfdp.models.ws_conv2d import WSConv2D
 
 
@@ -29,7 +30,7 @@ def clamp_groups(groups, channels):
 
 
 def group_norm(channels, groups, epsilon, name):
-    return keras.layers.GroupNormalization(
+    return GroupNormalization(
         groups=clamp_groups(groups, channels), epsilon=epsilon, name=name
     )
 

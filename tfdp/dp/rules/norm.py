@@ -13,6 +13,7 @@ import tensorflow as tf
 from tfdp.dp import layer_taps
 from tfdp.dp.rules import generic
 from tfdp.dp.rules import registry
+from tfdp.models.group_normalization import GroupNormalization as ChannelFirstGroupNorm
 
 
 def _group_axes(layer, rank):
@@ -50,6 +51,12 @@ def _group_norm_with_statistics(layer, inputs):
 def _group_norm_gamma_grads(layer, x, grad, statistics):
     """Per-example Σ g ⊙ x̂ of a GroupNormalization from its recorded statistics."""
     mean, inv_std = (tf.stop_gradient(s) for s in statistics)
+    if isinstance(layer, ChannelFirstGroupNorm):
+        # Statistics [B, 1, C] (`ChannelFirstGroupNorm.normalize`).
+        channels = int(grad.shape[-1])
+        x = tf.reshape(tf.cast(x, mean.dtype), [tf.shape(grad)[0], -1, channels])
+        g = tf.reshape(tf.cast(grad, mean.dtype), tf.shape(x))
+        return tf.cast(tf.reduce_sum(g * (x - mean), 1) * inv_std[:, 0, :], grad.dtype)
     grouped_x = layer._reshape_into_groups(tf.cast(x, tf.float32))
     grouped_g = layer._reshape_into_groups(grad)
     rank = len(grouped_x.shape)
@@ -99,7 +106,10 @@ class NormRule(generic.InstantiatingRule):
             recorder = layer_taps.active_recorder()
             if recorder is None or recorder.mode != "record" or args or kwargs:
                 return recorded_call(inputs, *args, **kwargs)
-            outputs, statistics = _group_norm_with_statistics(layer, inputs)
+            if isinstance(layer, ChannelFirstGroupNorm):
+                outputs, statistics = layer.normalize(inputs)
+            else:
+                outputs, statistics = _group_norm_with_statistics(layer, inputs)
             return recorder.record(
                 layer_taps.TapRecord(layer, inputs, outputs, original, statistics)
             )
@@ -109,6 +119,13 @@ class NormRule(generic.InstantiatingRule):
     def applies(self, layer):
         if not registry.is_float32(layer) or not layer.built:
             return False
+        if isinstance(layer, ChannelFirstGroupNorm):
+            ndim = getattr(layer.input_spec, "ndim", None)
+            return (
+                type(layer).call is ChannelFirstGroupNorm.call
+                and type(layer).normalize is ChannelFirstGroupNorm.normalize
+                and ndim is not None and ndim >= 2 and layer.channels_last
+            )
         if isinstance(layer, keras.layers.GroupNormalization):
             ndim = getattr(layer.input_spec, "ndim", None)
             return (
