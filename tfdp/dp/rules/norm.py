@@ -2,9 +2,11 @@
 
 The output is γ·x̂ + β with x̂ depending on the example's input only, so per
 example ∂L/∂γ = Σ g ⊙ x̂ and ∂L/∂β = Σ g over the axes γ does not span, g the
-output gradient. Layers outside the closed form (mixed precision, a
-GroupNormalization on a non-last axis, a modified `call`) get the generic
-rule. BatchNormalization is refused (`layer_taps.refuse_batch_norm`).
+output gradient. tfdp's `GroupNormalization` (`tfdp.models`) records its own
+per-channel statistics; Keras's is computed op for op by the tap. Layers
+outside the closed form (mixed precision, a GroupNormalization on a non-last
+axis, a modified `call`) get the generic rule. BatchNormalization is refused
+(`layer_taps.refuse_batch_norm`).
 """
 
 import keras
@@ -13,7 +15,7 @@ import tensorflow as tf
 from tfdp.dp import layer_taps
 from tfdp.dp.rules import generic
 from tfdp.dp.rules import registry
-from tfdp.models.group_normalization import GroupNormalization as ChannelFirstGroupNorm
+from tfdp.models import group_normalization
 
 
 def _group_axes(layer, rank):
@@ -51,8 +53,8 @@ def _group_norm_with_statistics(layer, inputs):
 def _group_norm_gamma_grads(layer, x, grad, statistics):
     """Per-example Σ g ⊙ x̂ of a GroupNormalization from its recorded statistics."""
     mean, inv_std = (tf.stop_gradient(s) for s in statistics)
-    if isinstance(layer, ChannelFirstGroupNorm):
-        # Statistics [B, 1, C] (`ChannelFirstGroupNorm.normalize`).
+    if isinstance(layer, group_normalization.GroupNormalization):
+        # Statistics [B, 1, C] (`group_normalization.GroupNormalization.normalize`).
         channels = int(grad.shape[-1])
         x = tf.reshape(tf.cast(x, mean.dtype), [tf.shape(grad)[0], -1, channels])
         g = tf.reshape(tf.cast(grad, mean.dtype), tf.shape(x))
@@ -106,7 +108,7 @@ class NormRule(generic.InstantiatingRule):
             recorder = layer_taps.active_recorder()
             if recorder is None or recorder.mode != "record" or args or kwargs:
                 return recorded_call(inputs, *args, **kwargs)
-            if isinstance(layer, ChannelFirstGroupNorm):
+            if isinstance(layer, group_normalization.GroupNormalization):
                 outputs, statistics = layer.normalize(inputs)
             else:
                 outputs, statistics = _group_norm_with_statistics(layer, inputs)
@@ -119,11 +121,11 @@ class NormRule(generic.InstantiatingRule):
     def applies(self, layer):
         if not registry.is_float32(layer) or not layer.built:
             return False
-        if isinstance(layer, ChannelFirstGroupNorm):
+        if isinstance(layer, group_normalization.GroupNormalization):
             ndim = getattr(layer.input_spec, "ndim", None)
             return (
-                type(layer).call is ChannelFirstGroupNorm.call
-                and type(layer).normalize is ChannelFirstGroupNorm.normalize
+                type(layer).call is group_normalization.GroupNormalization.call
+                and type(layer).normalize is group_normalization.GroupNormalization.normalize
                 and ndim is not None and ndim >= 2 and layer.channels_last
             )
         if isinstance(layer, keras.layers.GroupNormalization):
