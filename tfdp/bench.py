@@ -324,6 +324,7 @@ def _noise_draw_times(variables, stddev, repeats=5):
     import numpy as np
     import tensorflow as tf
 
+    from tfdp.dp import native_noise
     from tfdp.dp import noise as noise_lib
 
     shapes = [v.shape for v in variables]
@@ -340,7 +341,8 @@ def _noise_draw_times(variables, stddev, repeats=5):
         return [tf.reduce_sum(tf.random.stateless_normal(s, seeds[i], stddev=stddev))
                 for i, s in enumerate(shapes)]
 
-    out = {}
+    out = {"noise_op": (f"native op, {native_noise.instruction_set()}"
+                        if native_noise.usable_here() else "TensorFlow ops")}
     for name, fn in (("noise_draw_s", tfdp_draw), ("tf_normal_draw_s", tf_draw)):
         fn(seed)
         times = []
@@ -689,7 +691,8 @@ def main(argv=None):
             theirs = min(r["tf_normal_draw_s"] for r in draws)
             print(
                 f"noise draw per logical step ({draws[0]['num_params']:,} normals): "
-                f"tfdp {ours * 1e3:.0f} ms (no cap below 9.49 sigma) against "
+                f"tfdp {ours * 1e3:.0f} ms ({draws[0].get('noise_op', '?')}, "
+                f"no cap below 9.49 sigma) against "
                 f"tf.random.stateless_normal {theirs * 1e3:.0f} ms (capped at 5.68 sigma): "
                 f"{ours / theirs:.2f}x"
             )

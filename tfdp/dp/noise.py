@@ -25,16 +25,26 @@ Three words per pair instead of two cost about 1.35× the earlier two-word
 vectorized draw. For ResNet-18's 11.2 M normals the draw takes 1.1–1.6×
 the time of `tf.random.stateless_normal`'s capped one (97–139 against
 86–89 ms on 2 cores, in the bench runs of docs/BENCHMARKS.md's sixth pass).
+
+On a CPU, outside XLA, a compiled op (`native_noise`) computes the same draw
+from the same words, and `noisy_divided` adds it in one pass per tensor:
+about a third of the time of TensorFlow's ops (docs/BENCHMARKS.md, eighth
+pass).
 """
 
 import math
 
 import tensorflow as tf
 
+from tfdp.dp import native_noise
+
 # u1 is a 64-bit uniform (hi·2³² + lo + ½)·2⁻⁶⁴: at least 2⁻⁶⁵.
 _WORD = 2.0**-32
 _LN_2_POW_32 = 32.0 * math.log(2.0)
 MAX_ABS_NORMAL = math.sqrt(-2.0 * math.log(2.0**-65))
+# Rows of a draw's words are whole multiples of this many pairs (see
+# `_normal_halves`).
+_PAIRS_PER_BLOCK_ROW = 32
 
 
 def step_seed(noise_key, step):
@@ -64,15 +74,25 @@ def box_muller(hi, lo, angle_word, stddev):
 def _normal_halves(size, seed, stddev):
     """N(0, stddev²) float32 values for `size` coordinates, as Box–Muller's halves.
 
-    One Philox draw of [3, ⌈size/2⌉] words. The draw's values, in order, are
-    the sin half then the cos half; the caller takes the first `size`.
+    One Philox draw of [3, padded] words, `padded` being the ⌈size/2⌉ pairs
+    rounded up to a multiple of 32: each row then starts on a Philox block
+    of its own, which the native op (`native_noise`) needs to compute eight
+    blocks at a time. The draw's values, in order, are the sin half then the
+    cos half; the caller takes the first `size`. Where the native op can run
+    it computes the same values; elsewhere TensorFlow's ops do.
     """
     half = max((size + 1) // 2, 1)
+    if native_noise.usable_here():
+        return native_noise.normal_halves(half, seed, stddev)
+    padded = -(-half // _PAIRS_PER_BLOCK_ROW) * _PAIRS_PER_BLOCK_ROW
     words = tf.random.stateless_uniform(
-        [3, half], seed, minval=None, maxval=None, dtype=tf.uint32
+        [3, padded], seed, minval=None, maxval=None, dtype=tf.uint32
     )
     hi, lo, angle_word = tf.unstack(words)
-    return box_muller(hi, lo, angle_word, tf.cast(stddev, tf.float32))
+    sin_half, cos_half = box_muller(hi, lo, angle_word, tf.cast(stddev, tf.float32))
+    if padded == half:
+        return sin_half, cos_half
+    return sin_half[:half], cos_half[:half]
 
 
 def gaussian_noise(grads, stddev, seed):
@@ -97,7 +117,8 @@ def noisy_divided(sums, stddev, seed, divisor):
     consumed before the next one starts, so only one draw and its
     temporaries are alive at a time (at 224 px, drawing all of ResNet-18's
     noise before adding it made the private step's peak about 180 MB above
-    non-private training's).
+    non-private training's). With the native op (float32 sums) no noise
+    tensor exists at all: each tensor's op adds its draws as it makes them.
 
     Args:
         sums: list of floating tensors. Summed clipped gradients.
@@ -108,7 +129,54 @@ def noisy_divided(sums, stddev, seed, divisor):
     Returns:
         A list of tensors like `sums`.
     """
+    if native_noise.usable_here() and all(g.dtype == tf.float32 for g in sums):
+        return _native_noisy_divided(list(sums), stddev, seed, divisor)
     return _noised(sums, stddev, seed, lambda g, n: (g + n) / divisor)
+
+
+def _native_noisy_divided(sums, stddev, seed, divisor):
+    """`noisy_divided` with the native op: one op and one pass per tensor.
+
+    Each tensor's op gets the pieces that `_draw_pieces` assigns it and the
+    Philox key and counter of their draws, and adds the same values that
+    `_normal_halves` would draw for them. No noise tensor is materialized.
+    """
+    if not sums:
+        return []
+    draws = _draw_pieces(sums)
+    draw_seeds = tf.unstack(
+        tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), len(draws))
+    ) if draws else []
+    key_counters = [tf.raw_ops.StatelessRandomGetKeyCounter(seed=s) for s in draw_seeds]
+    pieces = [[] for _ in sums]  # Per tensor: (draw, pairs, offset, start, size).
+    for d, draw in enumerate(draws):
+        pairs = max((sum(size for _, _, size in draw) + 1) // 2, 1)
+        offset = 0
+        for i, start, size in draw:
+            pieces[i].append((d, pairs, offset, start, size))
+            offset += size
+    stddev = tf.cast(stddev, tf.float32)
+    divisor = tf.constant(divisor, tf.float32)
+    results = []
+    for g, own in zip(sums, pieces):
+        if not own:  # No elements.
+            results.append(g / divisor)
+            continue
+        used = sorted({d for d, *_ in own})
+        local = {d: j for j, d in enumerate(used)}
+        results.append(native_noise.noisy_divided(
+            g,
+            keys=tf.concat([key_counters[d][0] for d in used], 0),
+            counters=tf.stack([key_counters[d][1] for d in used]),
+            stddev=stddev,
+            divisor=divisor,
+            piece_draw=[local[d] for d, *_ in own],
+            piece_pairs=[p for _, p, _, _, _ in own],
+            piece_offset=[o for _, _, o, _, _ in own],
+            piece_start=[st for _, _, _, st, _ in own],
+            piece_size=[sz for *_, sz in own],
+        ))
+    return results
 
 
 # Elements per Philox draw. Small tensors (biases, norms: most of a model's
