@@ -71,18 +71,19 @@ def box_muller(hi, lo, angle_word, stddev):
     return radius * tf.sin(angle), radius * tf.cos(angle)
 
 
-def _normal_halves(size, seed, stddev):
+def _normal_halves(size, seed, stddev, native=None):
     """N(0, stddev²) float32 values for `size` coordinates, as Box–Muller's halves.
 
     One Philox draw of [3, padded] words, `padded` being the ⌈size/2⌉ pairs
     rounded up to a multiple of 32: each row then starts on a Philox block
     of its own, which the native op (`native_noise`) needs to compute eight
     blocks at a time. The draw's values, in order, are the sin half then the
-    cos half; the caller takes the first `size`. Where the native op can run
-    it computes the same values; elsewhere TensorFlow's ops do.
+    cos half; the caller takes the first `size`. The native op computes the
+    same values where `native` is true (None: where it can run), and
+    TensorFlow's ops elsewhere.
     """
     half = max((size + 1) // 2, 1)
-    if native_noise.usable_here():
+    if native_noise.usable_here() if native is None else native:
         return native_noise.normal_halves(half, seed, stddev)
     padded = -(-half // _PAIRS_PER_BLOCK_ROW) * _PAIRS_PER_BLOCK_ROW
     words = tf.random.stateless_uniform(
@@ -129,7 +130,7 @@ def noisy_divided(sums, stddev, seed, divisor):
     Returns:
         A list of tensors like `sums`.
     """
-    if native_noise.usable_here() and all(g.dtype == tf.float32 for g in sums):
+    if all(g.dtype == tf.float32 for g in sums) and native_noise.usable_here(_num_normals(sums)):
         return _native_noisy_divided(list(sums), stddev, seed, divisor)
     return _noised(sums, stddev, seed, lambda g, n: (g + n) / divisor)
 
@@ -242,11 +243,16 @@ def _segments(draw, halves):
     return segments
 
 
+def _num_normals(grads):
+    return sum(g.shape.num_elements() or 0 for g in grads)
+
+
 def _noised(grads, stddev, seed, combine):
     grads = list(grads)
     if not grads:
         return []
     draws = _draw_pieces(grads)
+    native = native_noise.usable_here(_num_normals(grads))
     combined = [[] for _ in grads]  # Each tensor's combined segments, in order.
     seeds = tf.unstack(
         tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), len(draws))
@@ -258,7 +264,7 @@ def _noised(grads, stddev, seed, combine):
         # the parameters at peak.
         with tf.control_dependencies(previous):
             draw_seed = tf.identity(draw_seed)
-        halves = _normal_halves(sum(size for _, _, size in draw), draw_seed, stddev)
+        halves = _normal_halves(sum(size for _, _, size in draw), draw_seed, stddev, native)
         previous = []
         for i, start, noise in _segments(draw, halves):
             g = grads[i]
