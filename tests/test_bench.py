@@ -42,6 +42,13 @@ class BenchCliTest(absltest.TestCase):
             self.assertGreater(r["memory_ratio"], 0.0)
         self.assertEqual(results[0]["time_ratio"], 1.0)
         self.assertEqual(results[0]["memory_ratio"], 1.0)
+        # bk was also timed against non-private in one process, steps alternated.
+        self.assertEqual(results[0]["paired_time_ratio"], 1.0)
+        bk = results[1]
+        self.assertGreater(bk["paired_step_time_s"], 0.0)
+        self.assertGreater(bk["paired_nonprivate_step_time_s"], 0.0)
+        self.assertAlmostEqual(
+            bk["paired_time_ratio"], bk["paired_step_time_s"] / bk["paired_nonprivate_step_time_s"])
 
     def test_ratios_and_table(self):
         results = [
@@ -59,6 +66,13 @@ class BenchCliTest(absltest.TestCase):
         table = bench.format_table(results)
         self.assertIn("bk", table)
         self.assertIn("ERROR", table)
+        # Without the paired timing (--no-paired) the column shows "-x".
+        self.assertIsNone(results[1]["paired_time_ratio"])
+        self.assertEqual(results[0]["paired_time_ratio"], 1.0)
+        self.assertIn("x paired", table.splitlines()[0])
+        self.assertTrue(table.splitlines()[3].rstrip().endswith("-x"), table)
+        results[1]["paired_time_ratio"] = 1.27
+        self.assertTrue(bench.format_table(results).splitlines()[3].rstrip().endswith("1.27x"))
 
     def test_budget_search_finds_the_largest_fitting_batch(self):
         # A stubbed child: peak = 100 + 3 MiB per example, out of memory from

@@ -91,11 +91,18 @@ def _parse_args(argv):
         help="Bisection steps (one child each) after the doubling phase of the search; "
         "0 reports the largest fitting power-of-two multiple of --batch_size.",
     )
+    parser.add_argument(
+        "--paired", action=argparse.BooleanOptionalAction, default=True,
+        help="Also time each private method against non-private training in one "
+        "process, alternating their steps (column 'x paired'): a time ratio that the "
+        "machine's drift between processes does not move. --no-paired skips it.",
+    )
     parser.add_argument("--json", action="store_true", help="Print a JSON list.")
     # Internal: run one measurement in this process.
     parser.add_argument("--child_method", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child_jit", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child_batches", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--child_paired", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     unknown = [m for m in methods if m not in ALL_METHODS]
@@ -208,10 +215,48 @@ def _accelerator():
     return None
 
 
+def _run_paired_child(args):
+    """Non-private and one private method in this process, steps alternated.
+
+    Separate processes run minutes apart, and on a shared or throttled
+    machine the same step's time moves between them by more than the
+    private overhead (the 32-px non-private step measured 99–145 ms across
+    runs of one session). Alternating the two steps in one process puts both
+    under the same conditions; prints one marked line with the ratio of
+    their median times.
+    """
+    import numpy as np
+
+    method, jit = args.child_method, args.child_jit == "on"
+    runners = {}
+    for name in ("nonprivate", method):
+        args.child_method = name
+        _, step = _build_step(args)
+        runners[name] = _step_runner(args, step, args.batch_size)
+        # Two at least: a tiny model's second step still traced once.
+        for _ in range(max(args.warmup, 2)):
+            runners[name]()
+    args.child_method = method
+    times = {name: [] for name in runners}
+    for _ in range(args.steps):
+        for name, one_step in runners.items():
+            t0 = time.perf_counter()
+            one_step()
+            times[name].append(time.perf_counter() - t0)
+    medians = {name: float(np.median(t)) / args.virtual_steps for name, t in times.items()}
+    _emit({"method": method, "jit_compile": jit, "batch_size": args.batch_size,
+           "paired_step_time_s": medians[method],
+           "paired_nonprivate_step_time_s": medians["nonprivate"],
+           "paired_time_ratio": medians[method] / medians["nonprivate"]})
+    return 0
+
+
 def _run_child(args):
     """Measures one method in this process; prints one marked JSON line."""
     if args.child_batches:
         return _run_search_child(args)
+    if args.child_paired:
+        return _run_paired_child(args)
     import numpy as np
     import tensorflow as tf
 
@@ -342,7 +387,8 @@ def _noise_draw_times(variables, stddev, repeats=5):
                 for i, s in enumerate(shapes)]
 
     out = {"noise_op": (f"native op, {native_noise.instruction_set()}"
-                        if native_noise.usable_here() else "TensorFlow ops")}
+                        if native_noise.usable_here(sum(s.num_elements() for s in shapes))
+                        else "TensorFlow ops")}
     for name, fn in (("noise_draw_s", tfdp_draw), ("tf_normal_draw_s", tf_draw)):
         fn(seed)
         times = []
@@ -354,7 +400,7 @@ def _noise_draw_times(variables, stddev, repeats=5):
     return out
 
 
-def _child_command(args, method, jit, batch_size=None, batches=None):
+def _child_command(args, method, jit, batch_size=None, batches=None, paired=False):
     command = [
         sys.executable, "-m", "tfdp.bench",
         f"--model={args.model}", f"--image_size={args.image_size}",
@@ -365,6 +411,8 @@ def _child_command(args, method, jit, batch_size=None, batches=None):
         f"--weight_decay={args.weight_decay}", f"--virtual_steps={args.virtual_steps}",
         f"--child_method={method}", f"--child_jit={'on' if jit else 'off'}",
     ]
+    if paired:
+        command.append("--child_paired")
     if batches:
         command += [f"--child_batches={','.join(str(b) for b in batches)}",
                     f"--max_batch_size={max(batches)}",
@@ -407,18 +455,19 @@ def failure_message(method, batch_size, *, returncode=None, out_of_memory=False,
     return f"{method} at batch {batch_size} failed (exit {returncode}): {detail}"
 
 
-def _run(args, method, jit, log, batch_size=None, batches=None):
+def _run(args, method, jit, log, batch_size=None, batches=None, paired=False):
     """Runs one child; returns `(marked results, failure message or None)`."""
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env.setdefault("KERAS_BACKEND", "tensorflow")
     batch_size = batch_size or args.batch_size
-    log(f"[tfdp.bench] {method} jit_compile={jit} batch "
+    log(f"[tfdp.bench] {method}{' paired with nonprivate' if paired else ''} "
+        f"jit_compile={jit} batch "
         f"{','.join(str(b) for b in batches) if batches else batch_size} ...")
     tried = max(batches) if batches else batch_size
     try:
         proc = subprocess.run(
-            _child_command(args, method, jit, batch_size, batches), capture_output=True,
+            _child_command(args, method, jit, batch_size, batches, paired), capture_output=True,
             text=True, env=env, timeout=args.timeout,
         )
     except subprocess.TimeoutExpired as e:
@@ -603,8 +652,10 @@ def add_ratios(results):
             r["rss_increase_mb"] / b["rss_increase_mb"]
             if ok and b["rss_increase_mb"] > 0 else None
         )
+        if r["method"] == "nonprivate" and "error" not in r:
+            r.setdefault("paired_time_ratio", 1.0)
         for key in ("step_time_s", "peak_rss_mb", "cpu_time_s", "rss_increase_mb",
-                    "tensor_peak_mb"):
+                    "tensor_peak_mb", "paired_time_ratio"):
             r.setdefault(key, None)
     return results
 
@@ -622,7 +673,7 @@ def format_table(results):
         f"{'method':<11} {'xla':<4} {'step ms':>9} {'x time':>7} "
         f"{'tensors MB':>10} {'x tens':>6} "
         f"{'peak MB':>8} {'x mem':>6} {'+RSS MB':>8} {'x +RSS':>7} "
-        f"{'cpu ms':>8} {'x cpu':>6}"
+        f"{'cpu ms':>8} {'x cpu':>6} {'x paired':>8}"
     )
     lines = [header, "-" * len(header)]
     for r in results:
@@ -636,7 +687,8 @@ def format_table(results):
             f"{fmt(r['tensor_peak_mb'], '10.0f')} {fmt(r['tensor_peak_ratio'], '5.2f')}x "
             f"{fmt(r['peak_rss_mb'], '8.0f')} {fmt(r['memory_ratio'], '5.2f')}x "
             f"{fmt(r['rss_increase_mb'], '8.0f')} {fmt(r['rss_increase_ratio'], '6.2f')}x "
-            f"{fmt(ms(r['cpu_time_s']), '8.1f')} {fmt(r['cpu_time_ratio'], '5.2f')}x"
+            f"{fmt(ms(r['cpu_time_s']), '8.1f')} {fmt(r['cpu_time_ratio'], '5.2f')}x "
+            f"{fmt(r.get('paired_time_ratio'), '7.2f')}x"
         )
     return "\n".join(lines)
 
@@ -674,6 +726,14 @@ def main(argv=None):
                 ):
                     best[method] = r
         results.extend(best[m] for m in methods)
+    if args.paired:
+        for r in results:
+            if r["method"] != "nonprivate" and "error" not in r:
+                paired, failure = _run(args, r["method"], r["jit_compile"], log, paired=True)
+                if paired and "error" not in paired[0]:
+                    r.update({k: v for k, v in paired[0].items() if k.startswith("paired_")})
+                else:
+                    log(f"[tfdp.bench] paired timing: {failure}")
     add_ratios(results)
     if args.json:
         print(json.dumps(results, indent=1))
