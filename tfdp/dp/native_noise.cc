@@ -1,4 +1,5 @@
-// TfdpNormalHalves: the Box-Muller draw of tfdp/dp/noise.py, as one CPU op.
+// TfdpNormalHalves: the Box-Muller draw of tfdp/dp/noise.py, as one CPU op;
+// TfdpNoisyDivided: the same draws added to a tensor and divided, in one pass.
 //
 // It reads the same Philox-4x32-10 words as TensorFlow's
 // `stateless_uniform([3, padded], seed, dtype=uint32)` (key and counter from
@@ -45,12 +46,10 @@ typedef uint32_t V8W __attribute__((vector_size(32)));
 typedef int32_t V8S __attribute__((vector_size(32)));
 typedef float V8F __attribute__((vector_size(32)));
 
-typedef int32_t V8I __attribute__((vector_size(32)));
-
 #if defined(__clang__)
 #define TFDP_SHUFFLE(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
 #else
-#define TFDP_SHUFFLE(a, b, ...) __builtin_shuffle(a, b, (V8I){__VA_ARGS__})
+#define TFDP_SHUFFLE(a, b, ...) __builtin_shuffle(a, b, (V8S){__VA_ARGS__})
 #endif
 
 constexpr int kLanes = 8;

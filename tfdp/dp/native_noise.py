@@ -118,7 +118,8 @@ def _build(compiler):
     # subprocesses, parallel tests) never load a half-written library.
     fd, partial = tempfile.mkstemp(suffix=".so", dir=cache)
     os.close(fd)
-    base = [compiler, *_CXXFLAGS, str(_SOURCE), "-o", partial, *tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags()]
+    base = [compiler, *_CXXFLAGS, str(_SOURCE), "-o", partial,
+            *tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags()]
     try:
         result = None
         # -march=native lets the op use the CPU's vector width; compilers

@@ -71,6 +71,18 @@ def box_muller(hi, lo, angle_word, stddev):
     return radius * tf.sin(angle), radius * tf.cos(angle)
 
 
+def _pairs(size):
+    """Box–Muller pairs in a draw of `size` values (one at least)."""
+    return max((size + 1) // 2, 1)
+
+
+def _draw_seeds(seed, num_draws):
+    """One stateless seed per draw, split from the step's seed."""
+    return tf.unstack(
+        tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), num_draws)
+    ) if num_draws else []
+
+
 def _normal_halves(size, seed, stddev, native=None):
     """N(0, stddev²) float32 values for `size` coordinates, as Box–Muller's halves.
 
@@ -82,7 +94,7 @@ def _normal_halves(size, seed, stddev, native=None):
     same values where `native` is true (None: where it can run), and
     TensorFlow's ops elsewhere.
     """
-    half = max((size + 1) // 2, 1)
+    half = _pairs(size)
     if native_noise.usable_here() if native is None else native:
         return native_noise.normal_halves(half, seed, stddev)
     padded = -(-half // _PAIRS_PER_BLOCK_ROW) * _PAIRS_PER_BLOCK_ROW
@@ -142,16 +154,12 @@ def _native_noisy_divided(sums, stddev, seed, divisor):
     Philox key and counter of their draws, and adds the same values that
     `_normal_halves` would draw for them. No noise tensor is materialized.
     """
-    if not sums:
-        return []
     draws = _draw_pieces(sums)
-    draw_seeds = tf.unstack(
-        tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), len(draws))
-    ) if draws else []
-    key_counters = [tf.raw_ops.StatelessRandomGetKeyCounter(seed=s) for s in draw_seeds]
+    key_counters = [tf.raw_ops.StatelessRandomGetKeyCounter(seed=s)
+                    for s in _draw_seeds(seed, len(draws))]
     pieces = [[] for _ in sums]  # Per tensor: (draw, pairs, offset, start, size).
     for d, draw in enumerate(draws):
-        pairs = max((sum(size for _, _, size in draw) + 1) // 2, 1)
+        pairs = _pairs(sum(size for _, _, size in draw))
         offset = 0
         for i, start, size in draw:
             pieces[i].append((d, pairs, offset, start, size))
@@ -254,9 +262,7 @@ def _noised(grads, stddev, seed, combine):
     draws = _draw_pieces(grads)
     native = native_noise.usable_here(_num_normals(grads))
     combined = [[] for _ in grads]  # Each tensor's combined segments, in order.
-    seeds = tf.unstack(
-        tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), len(draws))
-    ) if draws else []
+    seeds = _draw_seeds(seed, len(draws))
     previous = []
     for draw, draw_seed in zip(draws, seeds):
         # One draw at a time, each started once the last one is consumed:
