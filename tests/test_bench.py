@@ -47,8 +47,15 @@ class BenchCliTest(absltest.TestCase):
         bk = results[1]
         self.assertGreater(bk["paired_step_time_s"], 0.0)
         self.assertGreater(bk["paired_nonprivate_step_time_s"], 0.0)
+        # The median of the rounds' ratios, inside their quartiles; it is the
+        # table's time ratio.
+        self.assertEqual(bk["paired_rounds"], bench.paired_rounds(2))
+        low, high = bk["paired_time_ratio_quartiles"]
+        self.assertLessEqual(low, bk["paired_time_ratio"])
+        self.assertLessEqual(bk["paired_time_ratio"], high)
+        self.assertEqual(bk["time_ratio"], bk["paired_time_ratio"])
         self.assertAlmostEqual(
-            bk["paired_time_ratio"], bk["paired_step_time_s"] / bk["paired_nonprivate_step_time_s"])
+            bk["separate_time_ratio"], bk["step_time_s"] / results[0]["step_time_s"])
 
     def test_ratios_and_table(self):
         results = [
@@ -59,20 +66,29 @@ class BenchCliTest(absltest.TestCase):
             {"method": "bk", "jit_compile": True, "error": "exit 1: boom"},
         ]
         bench.add_ratios(results)
+        # Without the paired timing (--no-paired) the time ratio is the
+        # separate processes' one.
         self.assertAlmostEqual(results[1]["time_ratio"], 1.5)
+        self.assertAlmostEqual(results[1]["separate_time_ratio"], 1.5)
         self.assertAlmostEqual(results[1]["memory_ratio"], 1.1)
         self.assertAlmostEqual(results[1]["rss_increase_ratio"], 2.0)
         self.assertIsNone(results[2]["time_ratio"])
         table = bench.format_table(results)
         self.assertIn("bk", table)
         self.assertIn("ERROR", table)
-        # Without the paired timing (--no-paired) the column shows "-x".
         self.assertIsNone(results[1]["paired_time_ratio"])
         self.assertEqual(results[0]["paired_time_ratio"], 1.0)
-        self.assertIn("x paired", table.splitlines()[0])
-        self.assertTrue(table.splitlines()[3].rstrip().endswith("-x"), table)
-        results[1]["paired_time_ratio"] = 1.27
-        self.assertTrue(bench.format_table(results).splitlines()[3].rstrip().endswith("1.27x"))
+        header, bk_row = table.splitlines()[0], table.splitlines()[3]
+        self.assertEqual(header.split()[2:6], ["x", "time", "step", "ms"])
+        self.assertEqual(bk_row.split()[2:5], ["1.50x", "150.0", "1.50x"])
+        self.assertIn("--no-paired", table)
+        # With it, the paired ratio leads and the separate one stays beside it.
+        results[1].update(paired_time_ratio=1.27, paired_rounds=20)
+        bench.add_ratios(results)
+        self.assertEqual(results[1]["time_ratio"], 1.27)
+        table = bench.format_table(results)
+        self.assertEqual(table.splitlines()[3].split()[2:5], ["1.27x", "150.0", "1.50x"])
+        self.assertIn("median of 20 rounds", table)
 
     def test_budget_search_finds_the_largest_fitting_batch(self):
         # A stubbed child: peak = 100 + 3 MiB per example, out of memory from
