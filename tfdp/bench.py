@@ -710,10 +710,10 @@ def format_table(results):
     paired = [r for r in results if r.get("paired_rounds")]
     if paired:
         lines.append(
-            f"x time: each private method's step alternated with non-private's in one process, "
-            f"median of {paired[0]['paired_rounds']} rounds' ratios; step ms, x sep, memory "
-            f"and cpu: one process per method, best of --repeats (x sep also holds the "
-            f"machine's drift between processes)."
+            f"x time: steps alternated with non-private's in one process, median of "
+            f"{paired[0]['paired_rounds']} rounds' ratios.\n"
+            f"step ms, x sep, memory, cpu: one process per method, best of --repeats "
+            f"(x sep also holds the machine's drift between processes)."
         )
     else:
         lines.append("x time: one process per method (--no-paired), best of --repeats; it "
