@@ -89,6 +89,13 @@ class BenchCliTest(absltest.TestCase):
         table = bench.format_table(results)
         self.assertEqual(table.splitlines()[3].split()[2:5], ["1.27x", "150.0", "1.50x"])
         self.assertIn("median of 20 rounds", table)
+        self.assertNotIn("No paired timing", table)
+        # A method whose paired child failed keeps the separate ratio, and says so.
+        results.insert(2, {"method": "mixed", "jit_compile": False, "step_time_s": 0.2,
+                           "peak_rss_mb": 1000.0, "rss_increase_mb": 100.0})
+        bench.add_ratios(results)
+        self.assertAlmostEqual(results[2]["time_ratio"], 2.0)
+        self.assertIn("No paired timing for mixed", bench.format_table(results))
 
     def test_budget_search_finds_the_largest_fitting_batch(self):
         # A stubbed child: peak = 100 + 3 MiB per example, out of memory from

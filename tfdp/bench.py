@@ -715,6 +715,11 @@ def format_table(results):
             f"step ms, x sep, memory, cpu: one process per method, best of --repeats "
             f"(x sep also holds the machine's drift between processes)."
         )
+        unpaired = [r["method"] for r in results if r["method"] != "nonprivate"
+                    and "error" not in r and not r.get("paired_rounds")]
+        if unpaired:
+            lines.append(f"No paired timing for {', '.join(unpaired)} (see the log): "
+                         f"x time is x sep there.")
     else:
         lines.append("x time: one process per method (--no-paired), best of --repeats; it "
                      "also holds the machine's drift between processes.")
