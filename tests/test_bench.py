@@ -96,6 +96,8 @@ class BenchCliTest(absltest.TestCase):
         bench.add_ratios(results)
         self.assertAlmostEqual(results[2]["time_ratio"], 2.0)
         self.assertIn("No paired timing for mixed", bench.format_table(results))
+        # Non-private alone has no ratio to explain.
+        self.assertNotIn("x time:", bench.format_table(results[:1]))
 
     def test_budget_search_finds_the_largest_fitting_batch(self):
         # A stubbed child: peak = 100 + 3 MiB per example, out of memory from

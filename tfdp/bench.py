@@ -707,7 +707,8 @@ def format_table(results):
             f"{fmt(r['rss_increase_mb'], '8.0f')} {fmt(r['rss_increase_ratio'], '6.2f')}x "
             f"{fmt(ms(r['cpu_time_s']), '8.1f')} {fmt(r['cpu_time_ratio'], '5.2f')}x"
         )
-    paired = [r for r in results if r.get("paired_rounds")]
+    private = [r for r in results if r["method"] != "nonprivate" and "error" not in r]
+    paired = [r for r in private if r.get("paired_rounds")]
     if paired:
         lines.append(
             f"x time: steps alternated with non-private's in one process, median of "
@@ -715,14 +716,14 @@ def format_table(results):
             f"step ms, x sep, memory, cpu: one process per method, best of --repeats "
             f"(x sep also holds the machine's drift between processes)."
         )
-        unpaired = [r["method"] for r in results if r["method"] != "nonprivate"
-                    and "error" not in r and not r.get("paired_rounds")]
+        unpaired = [r["method"] for r in private if not r.get("paired_rounds")]
         if unpaired:
             lines.append(f"No paired timing for {', '.join(unpaired)} (see the log): "
                          f"x time is x sep there.")
-    else:
-        lines.append("x time: one process per method (--no-paired), best of --repeats; it "
-                     "also holds the machine's drift between processes.")
+    elif private:
+        lines.append("x time: one process per method (--no-paired, or the paired children "
+                     "failed: see the log), best of --repeats; it also holds the machine's "
+                     "drift between processes.")
     return "\n".join(lines)
 
 
