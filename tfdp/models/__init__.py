@@ -1,4 +1,4 @@
-"""Model builders for DP-SGD: GroupNorm ResNets, small convnets, BN surgery.
+"""Model builders for DP-SGD: GroupNorm ResNets, vision transformers, small convnets, BN surgery.
 
 All builders return Functional Keras models made of standard leaf layers
 (Conv2D, Dense, ...), which is what the DP engine taps, and tfdp's
@@ -23,10 +23,20 @@ from tfdp.models.transfer import freeze_sub_blocks
 from tfdp.models.transfer import load_weights_matching
 from tfdp.models.transfer import replace_head
 from tfdp.models.vgg_cifar import vgg_cifar
+from tfdp.models.vit import vit
+from tfdp.models.vit import vit_b16
+from tfdp.models.vit import vit_s16
+from tfdp.models.vit import vit_ti16
+from tfdp.models.vit_layers import AddPositionEmbedding
+from tfdp.models.vit_layers import ClassToken
+from tfdp.models.vit_layers import LayerScale
 from tfdp.models.wide_resnet_gn import wide_resnet_gn
 from tfdp.models.ws_conv2d import WSConv2D
 
 __all__ = [
+    "AddPositionEmbedding",
+    "ClassToken",
+    "LayerScale",
     "FREEZABLE_SUB_BLOCKS",
     "GroupNormalization",
     "SUB_BLOCKS",
@@ -45,5 +55,9 @@ __all__ = [
     "small_convnet",
     "sub_block_layers",
     "vgg_cifar",
+    "vit",
+    "vit_b16",
+    "vit_s16",
+    "vit_ti16",
     "wide_resnet_gn",
 ]
