@@ -85,6 +85,10 @@ def build_parser():
                         "default 5%%,10%%,20%%,40%%,60%%,80%%,100%% of m")
     p.add_argument("--seed", type=_INT, default=0, help="default 0")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--workdir", default=None,
+                   help="also write the result to WORKDIR/audit.json and its plot to "
+                        "WORKDIR/report.html (a trainer workdir gets its report redone "
+                        "with the audit beside the run's plots)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     return p
 
@@ -153,4 +157,13 @@ def main(argv=None):
         print(json.dumps(_jsonable(result), allow_nan=False))
     else:
         print(_format(result))
+    if args.workdir:
+        from tfdp import report
+
+        os.makedirs(args.workdir, exist_ok=True)
+        with open(os.path.join(args.workdir, report.AUDIT_NAME), "w") as f:
+            json.dump(_jsonable(result), f, indent=2, allow_nan=False)
+        path = report.write_report(args.workdir)
+        if not args.json:
+            print(f"wrote {os.path.join(args.workdir, report.AUDIT_NAME)} and {path}")
     return 0
