@@ -392,7 +392,7 @@ class ShuffleAccountingTest(parameterized.TestCase):
         acc = dp_rdp.RdpAccountant()
         acc.compose(dp_accounting.GaussianDpEvent(sigma), count=steps)
         self.assertAlmostEqual(got, acc.get_epsilon(delta), places=9)
-        self.assertEqual(accounting.adjacency("shuffle"), "add_or_remove_one")
+        self.assertEqual(accounting.adjacency("shuffle"), "zero_out")
         # PLD models the Gaussian exactly (up to pessimistic discretisation):
         # an honest RDP bound is not below it, and PLD agrees with it.
         tight = dp_pld.PLDAccountant(neighboring_relation=NR.ADD_OR_REMOVE_ONE)

@@ -80,7 +80,7 @@ class CliSubprocessTest(absltest.TestCase):
         self.assertEqual(proc.returncode, 0, proc.stderr)
         result = json.loads(proc.stdout)
         self.assertEqual(result["sampler"], "shuffle")
-        self.assertEqual(result["adjacency"], "add_or_remove_one")
+        self.assertEqual(result["adjacency"], "zero_out")
         # A shuffle epoch is N // B = 19 steps: 70 epochs are 1330 steps.
         self.assertEqual(result["steps"], 70 * 19)
         direct = dp_rdp.RdpAccountant()
@@ -213,7 +213,7 @@ class CliInProcessTest(parameterized.TestCase):
         )
         self.assertEqual(code, 0, err)
         result = json.loads(out)
-        self.assertEqual(result["adjacency"], "add_or_remove_one")
+        self.assertEqual(result["adjacency"], "zero_out")
         # 100 steps per pass: 250 steps are 3 passes.
         direct = dp_pld.PLDAccountant()
         direct.compose(dp_accounting.GaussianDpEvent(1.0), count=3)
@@ -262,7 +262,7 @@ class CliInProcessTest(parameterized.TestCase):
         if "--json" in extra:
             self.assertEqual(json.loads(old_out)["sampler"], "shuffle")
         else:
-            self.assertRegex(old_out, r"(?m)^sampler +shuffle \(add_or_remove_one\)$")
+            self.assertRegex(old_out, r"(?m)^sampler +shuffle \(zero_out\)$")
         # Not the default's output: the flag was honoured.
         _, default_out, _ = _main(*args)
         self.assertNotEqual(default_out, out)

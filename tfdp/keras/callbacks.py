@@ -33,6 +33,7 @@ class _LedgerCallback(keras.callbacks.Callback):
         self.delta = delta
         self.dataset_size = dataset_size
         self._cache = (None, None)
+        self._replace_one_cache = (None, None)
 
     def _ledger(self, steps=None):
         return _dp_optimizer(self.model).ledger(
@@ -53,14 +54,28 @@ class _LedgerCallback(keras.callbacks.Callback):
             self._cache = (ledger.steps, ledger.epsilon())
         return self._cache[1]
 
+    def epsilon_replace_one(self):
+        """The replace-one epsilon so far, or None (`PrivacyLedger.epsilon_replace_one`)."""
+        ledger = self._ledger()
+        if self._replace_one_cache[0] != ledger.steps:
+            self._replace_one_cache = (ledger.steps, ledger.epsilon_replace_one())
+        return self._replace_one_cache[1]
+
 
 class PrivacyLogger(_LedgerCallback):
-    """Puts epsilon (of all noisy updates so far) into the Keras logs.
+    """Puts epsilon (of all noisy updates so far) and delta into the Keras logs.
 
-    It then shows in the progress bar and in `History`, and in TensorBoard
+    They then show in the progress bar and in `History`, and in TensorBoard
     when a `keras.callbacks.TensorBoard` comes *after* it in the callbacks
     list, or when `log_dir` is given (then `epoch_epsilon` is also written to
-    `log_dir/train`, next to TensorBoard's own training scalars).
+    `log_dir/train`, next to TensorBoard's own training scalars, with the
+    neighbouring relation as text).
+
+    The relation the epsilon holds for is the sampler's
+    (`PrivacyLedger.adjacency`): add-or-remove-one for Poisson batches,
+    zero-out for shuffled, fixed-order or streamed ones. It is printed when
+    training starts; for the zero-out routes the replace-one epsilon is
+    logged as well, under `<key>_replace_one`.
 
     Args:
         delta: float or None. Overrides the DPOptimizer's delta.
@@ -92,11 +107,21 @@ class PrivacyLogger(_LedgerCallback):
     def on_train_begin(self, logs=None):
         _dp_optimizer(self.model)
         if self._ready():
-            self.epsilon()  # Fails early on a missing dataset size.
+            ledger = self._ledger()  # Fails early on a missing dataset size.
+            print(f"PrivacyLogger: {ledger.describe_epsilon(self.epsilon())}")
         if self.log_dir and self._writer is None:
             self._writer = tf.summary.create_file_writer(
                 os.path.join(self.log_dir, "train")
             )
+
+    def _put(self, logs):
+        """Adds epsilon, delta and (zero-out routes) the replace-one epsilon."""
+        ledger = self._ledger()
+        logs[self.key] = self.epsilon()
+        logs["delta"] = ledger.delta
+        replace_one = self.epsilon_replace_one()
+        if replace_one is not None:
+            logs[f"{self.key}_replace_one"] = replace_one
 
     def on_train_batch_end(self, batch, logs=None):
         if logs is None or self.update_freq == "epoch":
@@ -104,16 +129,22 @@ class PrivacyLogger(_LedgerCallback):
         if isinstance(self.update_freq, int) and (batch + 1) % self.update_freq:
             return
         if self._ready():
-            logs[self.key] = self.epsilon()
+            self._put(logs)
 
     def on_epoch_end(self, epoch, logs=None):
         eps = self.epsilon()
         self.history.append((epoch, self._steps(), eps))
         if logs is not None:
-            logs[self.key] = eps
+            self._put(logs)
         if self._writer is not None:
+            ledger = self._ledger()
+            replace_one = self.epsilon_replace_one()
             with self._writer.as_default():
                 tf.summary.scalar(f"epoch_{self.key}", eps, step=epoch)
+                tf.summary.text(f"epoch_{self.key}_adjacency",
+                                ledger.describe_epsilon(eps), step=epoch)
+                if replace_one is not None:
+                    tf.summary.scalar(f"epoch_{self.key}_replace_one", replace_one, step=epoch)
             self._writer.flush()
 
     def on_train_end(self, logs=None):

@@ -454,8 +454,18 @@ class DPModel(keras.Model):
         return self.dp_optimizer.ledger(**kwargs)
 
     def epsilon(self, **kwargs):
-        """Epsilon after the noisy updates taken so far."""
+        """Epsilon after the noisy updates taken so far, at the ledger's δ.
+
+        It holds for the sampler's neighbouring relation
+        (`privacy_ledger().adjacency`); `describe_epsilon` says which, with δ
+        and, for shuffled, fixed-order or streamed batches, the replace-one
+        epsilon.
+        """
         return self.privacy_ledger(**kwargs).epsilon()
+
+    def describe_epsilon(self, **kwargs):
+        """One line: epsilon, δ, the neighbouring relation (and replace-one ε)."""
+        return self.privacy_ledger(**kwargs).describe_epsilon()
 
     # ------------------------------------------------------------------
     # Serialisation

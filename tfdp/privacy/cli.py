@@ -17,7 +17,9 @@ N // B for shuffle.
 --sampler=poisson: Poisson-subsampled Gaussian per step, add/remove-one
 adjacency.
 --sampler=shuffle: fixed-size batches, each example once per pass, any
-order: one Gaussian mechanism per pass, no amplification."""
+order: one Gaussian mechanism per pass, no amplification, under zero-out
+adjacency (an example's slot left empty); the replace-one epsilon (sigma / 2
+per pass) is printed too."""
 
 
 class _UsageError(Exception):
@@ -172,6 +174,7 @@ def compute(args):
         "sampling_rate": q,
         "sampler": args.sampler,
         "adjacency": accounting.adjacency(args.sampler),
+        "adjacency_description": samplers.sampler_class(args.sampler).adjacency_description,
         "delta": args.delta,
         "accountant": args.accountant,
     }
@@ -197,10 +200,15 @@ def compute(args):
     else:
         sigma = args.noise_multiplier
     result["noise_multiplier"] = sigma
+    replace_one = samplers.sampler_class(args.sampler).replace_one_sensitivity
     for acc in accountants:
         result[f"epsilon_{acc}"] = accounting.epsilon(
             sigma, steps, args.delta, accountant=acc, **common
         )
+        if replace_one is not None:
+            result[f"epsilon_replace_one_{acc}"] = accounting.epsilon(
+                sigma / replace_one, steps, args.delta, accountant=acc, **common
+            )
     with warnings.catch_warnings():
         # The table sweeps fixed deltas; only --delta is worth a warning.
         warnings.simplefilter("ignore", UserWarning)
@@ -226,6 +234,7 @@ def format_text(result):
         ("steps", f"{result['steps']:,}"),
         ("sampling_rate (q)", f"{result['sampling_rate']:.6g}"),
         ("sampler", f"{result['sampler']} ({result['adjacency']})"),
+        ("adjacency", result["adjacency_description"]),
     ]
     if "target_epsilon" in result:
         rows.append(("target_epsilon", f"{result['target_epsilon']:g}"))
@@ -240,6 +249,10 @@ def format_text(result):
         if key in result:
             shown = accounting.format_epsilon(result[key])
             rows.append((f"epsilon ({acc})", shown))
+    for acc in accounting.ACCOUNTANTS:
+        key = f"epsilon_replace_one_{acc}"
+        if key in result:
+            rows.append((f"replace-one epsilon ({acc})", accounting.format_epsilon(result[key])))
     width = max(len(name) for name, _ in rows)
     lines = [f"{name:<{width}}  {value}" for name, value in rows]
     lines += ["", accounting.format_epsilon_table(result["epsilon_table"])]
@@ -248,7 +261,8 @@ def format_text(result):
 
 def _to_json(result):
     out = dict(result)
-    for key in ("epsilon_rdp", "epsilon_pld"):
+    for key in ("epsilon_rdp", "epsilon_pld", "epsilon_replace_one_rdp",
+                "epsilon_replace_one_pld"):
         if key in out:
             out[key] = _json_float(out[key])
     out["epsilon_table"] = [

@@ -3,6 +3,7 @@
 import json
 import math
 
+from tfdp import samplers
 from tfdp.privacy import accounting
 from tfdp.privacy import calibration
 
@@ -126,9 +127,9 @@ class PrivacyLedger:
         self._steps += n
         return self._steps
 
-    def _epsilon(self, steps):
+    def _epsilon(self, steps, noise_multiplier=None):
         return accounting._epsilon(
-            self._noise_multiplier,
+            self._noise_multiplier if noise_multiplier is None else noise_multiplier,
             steps,
             self._delta,
             self._sampling_rate,
@@ -155,6 +156,67 @@ class PrivacyLedger:
             Epsilon, a float.
         """
         return self._epsilon(accounting.validate_steps(steps))
+
+    # ------------------------------------------------------------------
+    # The neighbouring relation the epsilon holds for (the sampler's).
+    # ------------------------------------------------------------------
+
+    @property
+    def adjacency(self):
+        """The name of the neighbouring relation `epsilon()` holds for.
+
+        The sampler's (`tfdp.samplers.Sampler.adjacency`): "add_or_remove_one"
+        for Poisson, "zero_out" for shuffled or fixed-order batches.
+        """
+        return samplers.sampler_class(self._sampler).adjacency
+
+    @property
+    def adjacency_description(self):
+        """The neighbouring relation of `adjacency`, in words."""
+        return samplers.sampler_class(self._sampler).adjacency_description
+
+    def epsilon_replace_one(self, steps=None):
+        """Epsilon under replace-one adjacency, or None where not reported.
+
+        Reported for the samplers whose bound holds for a weaker relation
+        than add/remove-one (`Sampler.replace_one_sensitivity`; shuffled and
+        fixed-order batches): replacing one example moves a pass's sum by
+        2C, so this is the epsilon of the same run with σ / 2.
+
+        Args:
+            steps: int or None. Total steps. Defaults to the steps recorded.
+
+        Returns:
+            A float, or None.
+        """
+        factor = samplers.sampler_class(self._sampler).replace_one_sensitivity
+        if factor is None:
+            return None
+        steps = self._steps if steps is None else accounting.validate_steps(steps)
+        return self._epsilon(steps, self._noise_multiplier / factor)
+
+    def describe_epsilon(self, epsilon=None, steps=None):
+        """One line: epsilon, delta and the relation (and replace-one epsilon).
+
+        E.g. `epsilon=19.05 at delta=1e-05 (zero_out adjacency: ...;
+        replace-one epsilon=48.80)`. Every printed epsilon of a run uses it.
+
+        Args:
+            epsilon: float or None. An epsilon already computed for `steps`.
+            steps: int or None. Total steps. Defaults to the steps recorded.
+
+        Returns:
+            A str.
+        """
+        steps = self._steps if steps is None else steps
+        if epsilon is None:
+            epsilon = self._epsilon(accounting.validate_steps(steps))
+        text = (f"epsilon={accounting.format_epsilon(epsilon)} at delta={self._delta:g} "
+                f"({self.adjacency} adjacency: {self.adjacency_description}")
+        replace_one = self.epsilon_replace_one(steps)
+        if replace_one is not None:
+            text += f"; replace-one epsilon={accounting.format_epsilon(replace_one)}"
+        return text + ")"
 
     def max_steps_within(self, target_epsilon):
         """Returns the largest total step count with epsilon `<= target`.
@@ -271,5 +333,5 @@ class PrivacyLedger:
             f"PrivacyLedger(steps={self._steps}, epsilon={shown} at "
             f"delta={self._delta:g}, sigma={self._noise_multiplier:g}, "
             f"q={self._sampling_rate:.6g}, {self._sampler}, "
-            f"{self._accountant})"
+            f"{self._accountant}, {self.adjacency} adjacency)"
         )

@@ -133,8 +133,17 @@ class Sampler(abc.ABC):
     # Accounting.
     # ------------------------------------------------------------------
 
+    # The neighbouring relation the DP event is composed under (the
+    # accountant's), and the name and words of the relation the printed ε
+    # holds for. Every printer asks the sampler for these.
     neighboring_relation = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
     adjacency = "add_or_remove_one"
+    adjacency_description = "add or remove one example"
+    # Where the bound is stated for a relation weaker than add/remove-one,
+    # the replace-one ε is also reported: replacing one example moves the
+    # unit event's sum by this many C, so it is the ε of the same run with
+    # σ divided by it. None: no replace-one figure is reported.
+    replace_one_sensitivity = None
 
     @abc.abstractmethod
     def unit_event(self, noise_multiplier):
@@ -149,6 +158,16 @@ class Sampler(abc.ABC):
         return dp_accounting.SelfComposedDpEvent(
             self.unit_event(noise_multiplier), self.unit_count(steps)
         )
+
+    def replace_one_dp_event(self, noise_multiplier, steps):
+        """The `DpEvent` of `steps` steps under replace-one adjacency, or None.
+
+        None when the sampler reports no replace-one figure
+        (`replace_one_sensitivity` is None).
+        """
+        if self.replace_one_sensitivity is None:
+            return None
+        return self.dp_event(noise_multiplier / self.replace_one_sensitivity, steps)
 
     @classmethod
     def supports_accountant(cls, accountant):
@@ -200,7 +219,7 @@ class Sampler(abc.ABC):
         """One line for logs."""
         return (f"sampler={self.name} N={self.dataset_size} B={self.logical_batch_size} "
                 f"q={self.sampling_rate:.6g} steps/epoch={self.steps_per_epoch:.6g} "
-                f"amplified={self.amplified}")
+                f"amplified={self.amplified} adjacency={self.adjacency}")
 
     def __repr__(self):
         return (f"{type(self).__name__}(dataset_size={self.dataset_size}, "

@@ -22,10 +22,15 @@ class ShuffleSampler(base.Sampler):
     example touches one step, with sensitivity C and noise σC, so one pass
     is at most one Gaussian mechanism with noise multiplier σ, and the run
     composes one per pass (a partial pass counts as whole). This holds under
-    add/remove adjacency where the removed example's slot is left empty (its
-    batch contributes nothing for it; the divisor is the fixed B), which is
-    also "zero-out" adjacency. It is the "each example occurring once per
-    epoch" figure of TF-Privacy's `compute_dp_sgd_privacy_statement` with
+    zero-out adjacency: the neighbouring dataset leaves one example's slot
+    empty (its batch contributes nothing for it; the divisor is the fixed
+    B), every other example keeping its place. It does not hold for truly
+    removing an example: with a public order (`fit(shuffle=False)`, a
+    stream's own order) that shifts every later example to another step.
+    Replacing one example by another moves one step's sum by up to 2C, so
+    the replace-one ε, also reported, is this bound with σ / 2 per pass.
+    The zero-out figure is the "each example occurring once per epoch"
+    figure of TF-Privacy's `compute_dp_sgd_privacy_statement` with
     `used_microbatching=False`. It is much larger than the Poisson figure:
     shuffling gets no amplification here (Chua et al. 2024, "How private
     are DP-SGD implementations?").
@@ -36,6 +41,9 @@ class ShuffleSampler(base.Sampler):
 
     name = "shuffle"
     amplified = False
+    adjacency = "zero_out"
+    adjacency_description = "zero-out: one example's slot left empty, the others in place"
+    replace_one_sensitivity = 2
     needs_random_access = False
     fixed_size_steps = True
 
