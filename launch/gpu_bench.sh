@@ -2,7 +2,8 @@
 # launch/gpu_bench.sh — 224-px DP-SGD against non-private training on one GPU, in one table.
 #
 # Usage:
-#   launch/gpu_bench.sh                 # ResNet-18-GN and ResNet-50-GN, 224 px, 1000 classes
+#   launch/gpu_bench.sh                 # ResNet-18-GN, ResNet-50-GN and ViT-S/16, 224 px, 1000 classes
+#   MODELS=vit_s16 launch/gpu_bench.sh  # one model (any name of python -m tfdp.bench --help)
 #   OUT=/tmp/gpu_bench launch/gpu_bench.sh
 #
 # For each model, non-private training and the best private method (bk,
@@ -14,8 +15,9 @@
 # or out of memory) or when its child reaches CHILD_TIMEOUT seconds; it then
 # reports the largest batch that fitted so far and says what stopped it.
 #
-# Sized for one GPU in under 8 minutes: 2 models x 2 methods x 2 XLA settings
-# = 8 children of at most CHILD_TIMEOUT (50 s) each, plus start-up.
+# Sized for one GPU in under 11 minutes: 3 models x 2 methods x 2 XLA settings
+# = 12 children of at most CHILD_TIMEOUT (50 s) each, plus start-up; one
+# model (MODELS=...) in under 4.
 #
 # Every setting is an environment variable, so that the plumbing can be
 # dry-run on a CPU with a tiny model:
@@ -25,7 +27,7 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
-MODELS="${MODELS:-resnet18 resnet50}"
+MODELS="${MODELS:-resnet18 resnet50 vit_s16}"
 METHODS="${METHODS:-nonprivate,bk}"
 IMAGE_SIZE="${IMAGE_SIZE:-224}"
 CHANNELS="${CHANNELS:-3}"

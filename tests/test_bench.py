@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from absl.testing import absltest
 
 from tfdp import bench
@@ -157,3 +158,36 @@ class BenchCliTest(absltest.TestCase):
 
 if __name__ == "__main__":
     absltest.main()
+
+
+class BenchModelsTest(absltest.TestCase):
+    """The bench's model factory builds each vision transformer and keras.applications CNN."""
+
+    def assert_builds(self, names):
+        import keras
+        import numpy as np
+
+        from tfdp import models
+
+        for name in names:
+            with self.subTest(name):
+                model = bench.build_model(name, image_size=32, channels=3, num_classes=7)
+                self.assertEqual(model.input_shape, (None, 32, 32, 3))
+                self.assertEqual(model.output_shape, (None, 7))
+                self.assertEqual(models.find_batchnorm(model), [])
+                logits = model(np.zeros((1, 32, 32, 3), "float32"), training=False)
+                self.assertTrue(np.all(np.isfinite(keras.ops.convert_to_numpy(logits))))
+                keras.backend.clear_session()
+
+    def test_builds_a_transformer_and_an_application_at_a_small_size(self):
+        self.assert_builds(("vit_ti16", "mobilenet_v2"))
+
+    @pytest.mark.slow
+    def test_builds_every_other_model_at_a_small_size(self):
+        # About a minute on 2 cores: ViT-B alone has 86 M parameters.
+        self.assert_builds(("vit_s16", "vit_b16", "efficientnet_b0", "convnext_tiny",
+                            "densenet121"))
+
+    def test_rejects_an_unknown_model(self):
+        with self.assertRaisesRegex(ValueError, "Unknown bench model"):
+            bench.build_model("vit_h14", image_size=32, channels=3, num_classes=7)

@@ -36,7 +36,12 @@ import subprocess
 import sys
 import time
 
-MODELS = ("resnet18", "resnet34", "resnet50", "small_convnet", "vgg_cifar")
+MODELS = (
+    "resnet18", "resnet34", "resnet50", "small_convnet", "vgg_cifar",
+    "vit_ti16", "vit_s16", "vit_b16",
+    # keras.applications backbones with GroupNorm (16 groups) in place of BatchNorm.
+    "mobilenet_v2", "efficientnet_b0", "convnext_tiny", "densenet121",
+)
 ALL_METHODS = ("nonprivate", "naive", "vectorized", "ghost", "mixed", "bk", "auto")
 DEFAULT_METHODS = ("nonprivate", "vectorized", "ghost", "mixed", "bk")
 _MARKER = "TFDP_BENCH_RESULT "
@@ -140,12 +145,12 @@ def _peak_rss_mb():
 
 
 def build_model(name, image_size, channels, num_classes):
-    """Builds one of `MODELS` for square `image_size` inputs."""
+    """Builds one of `MODELS` (the `tfdp.models` builder of that name) for square inputs."""
     from tfdp import models
 
+    if name not in MODELS:
+        raise ValueError(f"Unknown bench model. Expected one of {MODELS}. Received: name={name!r}")
     shape = (image_size, image_size, channels)
-    if name.startswith("resnet"):
-        return getattr(models, name)(num_classes=num_classes, input_shape=shape)
     return getattr(models, name)(num_classes=num_classes, input_shape=shape)
 
 

@@ -3,9 +3,17 @@
 All builders return Functional Keras models made of standard leaf layers
 (Conv2D, Dense, ...), which is what the DP engine taps, and tfdp's
 `GroupNormalization`: Keras's layer with faster moments on CPU.
-No builder uses BatchNormalization.
+No builder has a trainable BatchNormalization: the `keras.applications`
+backbones (`keras_application`) get GroupNorm instead, or frozen BatchNorm.
 """
 
+from tfdp.models.applications import APPLICATIONS
+from tfdp.models.applications import convnext_tiny
+from tfdp.models.applications import densenet121
+from tfdp.models.applications import efficientnet_b0
+from tfdp.models.applications import freeze_batchnorm
+from tfdp.models.applications import keras_application
+from tfdp.models.applications import mobilenet_v2
 from tfdp.models.find_batchnorm import find_batchnorm
 from tfdp.models.group_normalization import GroupNormalization
 from tfdp.models.replace_batchnorm import replace_batchnorm
@@ -34,6 +42,7 @@ from tfdp.models.wide_resnet_gn import wide_resnet_gn
 from tfdp.models.ws_conv2d import WSConv2D
 
 __all__ = [
+    "APPLICATIONS",
     "AddPositionEmbedding",
     "ClassToken",
     "LayerScale",
@@ -41,9 +50,15 @@ __all__ = [
     "GroupNormalization",
     "SUB_BLOCKS",
     "WSConv2D",
+    "convnext_tiny",
+    "densenet121",
+    "efficientnet_b0",
     "find_batchnorm",
+    "freeze_batchnorm",
     "freeze_sub_blocks",
+    "keras_application",
     "load_weights_matching",
+    "mobilenet_v2",
     "replace_batchnorm",
     "replace_head",
     "resnet101",
