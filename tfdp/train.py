@@ -808,6 +808,28 @@ def _import_keras_without_plotting():
                 del sys.modules[name]
 
 
+def default_workdir(gin_files, gin_params):
+    """`workdir/<last gin file's stem>[-<the bindings, shortened>]`.
+
+    Each configuration gets its own directory, so that a command run after
+    another with other bindings starts afresh instead of meeting the first
+    run's checkpoint (which a change of privacy settings may not resume).
+    """
+    stem = os.path.splitext(os.path.basename(gin_files[-1]))[0]
+    parts = []
+    for binding in gin_params:
+        name, _, value = binding.partition("=")
+        name = name.strip().rsplit(".", 1)[-1]
+        value = re.sub(r"[^A-Za-z0-9_.-]+", "_", value.strip()).strip("_")
+        parts.append(f"{name}={value}" if value else name)
+    suffix = ",".join(parts)
+    if len(suffix) > 80:  # Readable where short, unique where long.
+        import hashlib
+
+        suffix = suffix[:60] + "-" + hashlib.sha256(suffix.encode()).hexdigest()[:8]
+    return os.path.join("workdir", f"{stem}-{suffix}" if suffix else stem)
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -822,8 +844,7 @@ def main(argv):
     gin_files = _GIN_FILE.value or [DEFAULT_GIN_FILE]
     try:
         config.parse(gin_files, _GIN_PARAM.value or [])
-        stem = os.path.splitext(os.path.basename(gin_files[-1]))[0]
-        workdir = _WORKDIR.value or os.path.join("workdir", stem)
+        workdir = _WORKDIR.value or default_workdir(gin_files, _GIN_PARAM.value or [])
         train(workdir, seed=_SEED.value, strategy_name=_STRATEGY.value, dry_run=_DRY_RUN.value)
     except (ValueError, FloatingPointError, MemoryError) as e:
         if _TRACEBACK.value:

@@ -1,4 +1,4 @@
-"""`python -m tfdp.train --help`: exit code 0, flags and the gin bindings."""
+"""The trainer's command line: `--help` and the default workdir."""
 
 import subprocess
 import sys
@@ -22,3 +22,14 @@ def test_help_exits_0_and_lists_bindings_and_own_data_prefixes():
     assert "--gin_file" in result.stdout
     assert "train.dataset (str)" in result.stdout
     assert "'folder:<dir>'" in result.stdout and "'npz:<file>'" in result.stdout
+
+
+def test_default_workdir_differs_by_binding():
+    assert train.default_workdir(["gin/mnist_default.gin"], []) == "workdir/mnist_default"
+    tighter = train.default_workdir(["mnist_default.gin"], ["train.target_epsilon = 3.0"])
+    assert tighter == "workdir/mnist_default-target_epsilon=3.0"
+    own = train.default_workdir(["mnist_default.gin"], ["train.dataset = 'folder:/a b'"])
+    assert own == "workdir/mnist_default-dataset=folder_a_b"
+    long_a = train.default_workdir(["x.gin"], ["train.a = " + "1" * 100])
+    long_b = train.default_workdir(["x.gin"], ["train.a = " + "1" * 99 + "2"])
+    assert long_a != long_b and len(long_a) < 90
