@@ -316,7 +316,7 @@ class LinearFactors:
         self.records = list(records)
         self.output_grads = list(output_grads)
         self.is_conv = isinstance(layer, keras.layers.Conv2D)
-        gs = [flatten_bt(g, k) for g in self.output_grads]
+        gs = [flatten_bt(self.output_rows(g), k) for g in self.output_grads]
         self.g = gs[0] if len(gs) == 1 else tf.concat(gs, axis=1)
         self.g = tf.cast(self.g, tf.float32)  # Clipping arithmetic in float32 under bf16.
         self._u = None
@@ -328,7 +328,7 @@ class LinearFactors:
     def u(self):
         if self._u is None:
             us = [
-                flatten_bt(unfold_inputs(self.layer, tf.cast(r.inputs, tf.float32)), self.k)
+                flatten_bt(self.unfold(tf.cast(r.inputs, tf.float32)), self.k)
                 for r in self.records
             ]
             self._u = us[0] if len(us) == 1 else tf.concat(us, axis=1)
@@ -340,10 +340,24 @@ class LinearFactors:
             bias = self.layer.bias if has_bias(self.layer) else None
             zs = []
             for record in self.records:
-                z = flatten_bt(tf.cast(record.outputs, tf.float32), self.k)
-                zs.append(z if bias is None else z - bias)
+                z = tf.cast(record.outputs, tf.float32)
+                if bias is not None:
+                    z = z - tf.cast(bias, tf.float32)
+                zs.append(flatten_bt(self.output_rows(z), self.k))
             self._z = zs[0] if len(zs) == 1 else tf.concat(zs, axis=1)
         return self._z
+
+    def unfold(self, inputs):
+        """One call's input rows as U, [B·k, T, D]."""
+        return unfold_inputs(self.layer, inputs)
+
+    def output_rows(self, outputs):
+        """One call's output (or output gradient) rows as [B·k, T, p], like G."""
+        return outputs
+
+    def kernel_from_matrix(self, matrix):
+        """A [D, p] kernel gradient in the layout of the layer's kernel."""
+        return tf.reshape(matrix, self.layer.kernel.shape)
 
     def kernel_sq_norms(self, mode):
         g = self.g
@@ -405,17 +419,20 @@ class LinearFactors:
 
     @property
     def bias_per_example(self):
-        """[B, p] per-example bias gradients Σ_t G_i[t]; kept rather than G."""
+        """[B, n] per-example bias gradients (n: the bias's size); kept rather than G."""
         if self._bias_per_example is None:
-            self._bias_per_example = tf.reduce_sum(self.g, 1)
+            self._bias_per_example = self.per_example_bias_grads()
         return self._bias_per_example
+
+    def per_example_bias_grads(self):
+        """[B, p]: Σ_t G_i[t], the gradient of a bias added at every position."""
+        return tf.reduce_sum(self.g, 1)
 
     def bias_sq_norms(self):
         return tf.reduce_sum(tf.square(self.bias_per_example), 1)
 
     def kernel_clipped_sum(self, coeffs, keep=None):
         """Σ_i c_i·(per-example kernel gradient); `keep` (per example) drops NaN ones."""
-        kernel_shape = self.layer.kernel.shape
         if self._per_example is not None:
             summed = tf.tensordot(coeffs, keep_rows(self._per_example, keep), axes=1)
         elif self.is_conv:
@@ -442,11 +459,11 @@ class LinearFactors:
                 tf.reshape(weighted, [-1, tf.shape(weighted)[-1]]),
                 transpose_a=True,
             )
-        return tf.reshape(summed, kernel_shape)
+        return self.kernel_from_matrix(summed)
 
     def bias_clipped_sum(self, coeffs, keep=None):
         weighted = tf.math.multiply_no_nan(keep_rows(self.bias_per_example, keep), coeffs[:, None])
-        return tf.reduce_sum(weighted, 0)
+        return tf.reshape(tf.reduce_sum(weighted, 0), self.layer.bias.shape)
 
 
 def linear_norm_mode(t, p, d, method):

@@ -1,14 +1,14 @@
 """Per-layer clipping rules, registered by layer class (see `registry`).
 
-Importing this package registers the built-in rules: dense, conv, embedding,
-norm and the generic fallback.
+Importing this package imports every module in it, and so registers every
+rule: one module per layer family, plus the generic fallback. Adding a layer
+family is adding a module here (and its test on
+`tests/dp/rules/rule_test_case.py`).
 """
 
-from tfdp.dp.rules import conv  # noqa: F401 (registers)
-from tfdp.dp.rules import dense  # noqa: F401 (registers)
-from tfdp.dp.rules import embedding  # noqa: F401 (registers)
-from tfdp.dp.rules import generic  # noqa: F401 (registers)
-from tfdp.dp.rules import norm  # noqa: F401 (registers)
+import importlib
+import pkgutil
+
 from tfdp.dp.rules.registry import ClipContext
 from tfdp.dp.rules.registry import Cost
 from tfdp.dp.rules.registry import LayerClip
@@ -17,3 +17,6 @@ from tfdp.dp.rules.registry import TAPPED_METHODS
 from tfdp.dp.rules.registry import install_taps
 from tfdp.dp.rules.registry import register_rule
 from tfdp.dp.rules.registry import rule_for
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")

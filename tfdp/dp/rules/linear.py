@@ -15,10 +15,10 @@ from tfdp.dp.rules import registry
 class LinearClip(registry.LayerClip):
     """`LayerClip` of a conv or dense layer from its `LinearFactors`."""
 
-    def __init__(self, layer, records, output_grads, context):
+    def __init__(self, rule, layer, records, output_grads, context):
         self.layer = layer
-        self.factors = layer_grads.LinearFactors(layer, records, output_grads, context.k)
-        t, p, d = layer_grads.linear_dims(layer, records)
+        self.factors = rule.factors(layer, records, output_grads, context.k)
+        t, p, d = rule.dims(layer, records)
         self.mode = layer_grads.linear_norm_mode(t, p, d, context.method)
         self.variables = layer_taps.own_trainable_variables(layer)
         # Instantiated per-example gradients are kept for the sum (by the
@@ -42,7 +42,7 @@ class LinearClip(registry.LayerClip):
         if self._is_kernel(variable):
             return self.factors.kernel_dot_weights()
         summed = self.factors.bias_per_example
-        return tf.reduce_sum(summed * tf.convert_to_tensor(variable)[None], 1)
+        return tf.reduce_sum(summed * tf.reshape(tf.convert_to_tensor(variable), [1, -1]), 1)
 
     def clipped_sum(self, variable, coeffs, keep=None):
         if self._is_kernel(variable):
@@ -51,13 +51,21 @@ class LinearClip(registry.LayerClip):
 
 
 class LinearRule(registry.Rule):
-    """Base of the Dense and Conv2D rules."""
+    """Base of the rules of layers whose kernel gradient is U_iᵀ G_i."""
+
+    def factors(self, layer, records, output_grads, k):
+        """The layer's `layer_grads.LinearFactors` (U and G in [B, T, ·] form)."""
+        return layer_grads.LinearFactors(layer, records, output_grads, k)
+
+    def dims(self, layer, records):
+        """(T, p, D) from the recorded calls (static)."""
+        return layer_grads.linear_dims(layer, records)
 
     def clip(self, layer, records, output_grads, context):
-        return LinearClip(layer, records, output_grads, context)
+        return LinearClip(self, layer, records, output_grads, context)
 
     def cost(self, layer, records, method, batch_size):
-        t, p, d = layer_grads.linear_dims(layer, records)
+        t, p, d = self.dims(layer, records)
         if method in registry.TAPPED_METHODS:
             mode = layer_grads.linear_norm_mode(t, p, d, method)
         else:
