@@ -1,7 +1,10 @@
 """The trainer's command line: `--help` and the default workdir."""
 
+import signal
 import subprocess
 import sys
+
+import pytest
 
 from tfdp import train
 
@@ -33,3 +36,30 @@ def test_default_workdir_differs_by_binding():
     long_a = train.default_workdir(["x.gin"], ["train.a = " + "1" * 100])
     long_b = train.default_workdir(["x.gin"], ["train.a = " + "1" * 99 + "2"])
     assert long_a != long_b and len(long_a) < 90
+
+
+def test_configuration_error_leaves_no_workdir(tmp_path):
+    workdir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "tfdp.train", "--gin_param=train.l2_norm_clip = -1",
+         f"--workdir={workdir}"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("error: l2_norm_clip must be > 0")
+    assert not workdir.exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_prints_one_line_on_resuming(tmp_path):
+    workdir = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tfdp.train", f"--workdir={workdir}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in process.stdout:  # Interrupt once training has started.
+        if line.startswith("sensitivity probe"):
+            break
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr[-2000:]
+    assert "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1].startswith(
+        "interrupted: rerun the same command to resume")

@@ -842,11 +842,19 @@ def main(argv):
     absl_logging.set_verbosity(absl_logging.WARNING)
     _quiet_startup_noise()
     gin_files = _GIN_FILE.value or [DEFAULT_GIN_FILE]
+    workdir, created = None, False
     try:
         config.parse(gin_files, _GIN_PARAM.value or [])
         workdir = _WORKDIR.value or default_workdir(gin_files, _GIN_PARAM.value or [])
+        created = not os.path.exists(workdir)
         train(workdir, seed=_SEED.value, strategy_name=_STRATEGY.value, dry_run=_DRY_RUN.value)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: rerun the same command to resume from the last checkpoint "
+              f"in {os.path.join(workdir or 'workdir', 'checkpoints')}", file=sys.stderr)
+        sys.exit(130)
     except (ValueError, FloatingPointError, MemoryError) as e:
+        if created:
+            _remove_unused_workdir(workdir)
         if _TRACEBACK.value:
             raise
         message = " ".join(str(e).split())
@@ -854,6 +862,19 @@ def main(argv):
         message = re.sub(r"\s*In call to configurable '[^']*' \(<[^>]*>\)", "", message)
         print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
+
+
+def _remove_unused_workdir(workdir):
+    """Removes a workdir this command created, unless it holds a checkpoint.
+
+    A configuration error then leaves no directory behind that the next,
+    corrected command would have to resume or be pointed away from.
+    """
+    import shutil
+
+    checkpoints = os.path.join(workdir, "checkpoints")
+    if not (os.path.isdir(checkpoints) and os.listdir(checkpoints)):
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _exit_promptly(code):
