@@ -43,7 +43,7 @@ class TrainTest(tf.test.TestCase):
         self.assertEqual(float(match["delta"]), 1e-5)
         self.assertIn("DP plan: method=bk", result.stdout)
         self.assertRegex(result.stdout, r"epoch +\d.* test_acc=.* epsilon=")
-        for name in ("config.gin", "operative_config.gin", "summary.json"):
+        for name in ("config.gin", "operative_config.gin", "summary.json", "report.html"):
             self.assertTrue(os.path.isfile(os.path.join(workdir, name)), name)
         self.assertTrue(tf.io.gfile.glob(os.path.join(workdir, "tensorboard", "events.*")))
         ckpt_dir = os.path.join(workdir, "checkpoints")
@@ -63,6 +63,12 @@ class TrainTest(tf.test.TestCase):
             for value in event.summary.value if value.tag == "test/accuracy"
         ]
         self.assertEqual(max(steps), int(match["steps"]))
+
+        # Rerunning the same command finds the run finished and redoes nothing.
+        again = run_train(*QUICK, workdir=workdir)
+        self.assertEqual(again.returncode, 0, again.stderr[-3000:])
+        self.assertIn("already holds this run's", again.stdout)
+        self.assertNotIn("sensitivity probe", again.stdout)
 
         # Rerunning with more epochs resumes and keeps counting privacy.
         longer = run_train(*QUICK, "--gin_param=train.epochs = 3", workdir=workdir)
@@ -175,6 +181,27 @@ class TrainTest(tf.test.TestCase):
         self.assertEqual(result.returncode, 2)
         self.assertNotIn("Traceback", result.stderr)
         self.assertIn("error: Bad gin configuration", result.stderr)
+        # From a directory with a data/ folder, the default's includes (one of
+        # them data/mnist_offline.gin) resolve in tfdp's gin dir; a missing
+        # include is one error line.
+        cwd = self.create_tempdir().full_path
+        os.makedirs(os.path.join(cwd, "data"))
+        with open(os.path.join(cwd, "missing_include.gin"), "w") as f:
+            f.write("include 'mnist_default.gin'\ninclude 'data/no_such_data.gin'\n")
+        result = subprocess.run(
+            [sys.executable, "-m", "tfdp.train", "--gin_file=missing_include.gin"],
+            capture_output=True, text=True, timeout=600, cwd=cwd,
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+                     PYTHONPATH=os.pathsep.join(filter(None, [
+                         os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                         os.environ.get("PYTHONPATH")]))),
+        )
+        self.assertEqual(result.returncode, 2, result.stderr[-2000:])
+        self.assertNotIn("Traceback", result.stderr)
+        lines = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+        self.assertLen(lines, 1, result.stderr[-2000:])
+        self.assertRegex(lines[0], r"^error: Gin include not found in .*missing_include.gin: "
+                                   r"looked in .*gin/data/no_such_data.gin")
 
 
 if __name__ == "__main__":

@@ -63,3 +63,4 @@ def test_ctrl_c_prints_one_line_on_resuming(tmp_path):
     assert "Traceback" not in stderr
     assert stderr.strip().splitlines()[-1].startswith(
         "interrupted: rerun the same command to resume")
+

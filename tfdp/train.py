@@ -397,6 +397,17 @@ def train(
     # function of (key, step).
     # ===================================================================
     ckpt, start_step, ledger = _restore(workdir, dist, model, optimizer, ema, plan)
+    summary_path = os.path.join(out_dir, "summary.json")
+    if start_step and start_step >= plan.budget_steps and os.path.exists(summary_path):
+        import json
+
+        with open(summary_path) as f:
+            summary = json.load(f)
+        _log(f"finished: {workdir} already holds this run's {start_step} steps "
+             f"(test_accuracy={summary.get('test_accuracy', math.nan):.4f} "
+             f"epsilon={summary.get('epsilon', math.nan):.4f} delta={delta:g}; "
+             f"{summary_path}). To train again, pass another --workdir.")
+        return summary
     with open(os.path.join(out_dir, "config.gin"), "w") as f:
         f.write(gin.config_str())
     _log_run_plan(model, data, plan, dataset, clipping_method, physical_batch_size,
