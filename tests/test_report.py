@@ -53,6 +53,7 @@ def _make_workdir(root, *, audit=False):
         for step in range(5, 41, 5):
             tf.summary.scalar("non_dp/clipped_fraction", 1.0 - step / 50, step=step)
             tf.summary.scalar("non_dp/mean_grad_norm", 10.0 / step, step=step)
+        tf.summary.text("privacy/guarantee", "epsilon=1.0 at delta=1e-05", step=40)
     writer.flush()
     if audit:
         with open(os.path.join(root, report.AUDIT_NAME), "w") as f:

@@ -54,8 +54,8 @@ def read_scalars(tensorboard_dir):
             for value in event.summary.value:
                 if value.HasField("tensor"):
                     array = tf.make_ndarray(value.tensor)
-                    if array.size != 1:
-                        continue
+                    if array.size != 1 or array.dtype.kind not in "fiub":
+                        continue  # Text summaries and histograms.
                     number = float(array.reshape(()))
                 elif value.HasField("simple_value"):
                     number = float(value.simple_value)
