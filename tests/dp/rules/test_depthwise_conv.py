@@ -1,0 +1,67 @@
+"""Rule `depthwise`: DepthwiseConv2D and SeparableConv2D (more geometries:
+tests/dp/test_clipping_equivalence.py)."""
+
+import keras
+import tensorflow as tf
+
+from tests.dp import dp_test_case
+from tests.dp.rules import rule_test_case
+from tfdp import dp
+
+
+def _model():
+    inp = keras.Input((9, 9, 4))
+    h = keras.layers.DepthwiseConv2D(3, padding="same", depth_multiplier=2, name="dw")(inp)
+    h = keras.layers.DepthwiseConv2D(3, strides=3, use_bias=False, activation="relu",
+                                     name="dw_strided")(h)
+    # 3×3 outputs (T = 9), 16 -> 16 channels: 2T² < p·D, a ghost pointwise norm.
+    h = keras.layers.SeparableConv2D(16, 3, padding="same", depth_multiplier=2, name="sep")(h)
+    # Few outputs: the pointwise kernel is instantiated.
+    h = keras.layers.SeparableConv2D(2, 2, dilation_rate=1, name="sep_narrow")(h)
+    h = keras.layers.GlobalAveragePooling2D()(h)
+    return keras.Model(inp, keras.layers.Dense(3, name="head")(h))
+
+
+class DepthwiseConvRuleTest(rule_test_case.RuleTestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        keras.utils.set_random_seed(7)
+        cls.model = _model()
+
+    def test_plan(self):
+        by_name = {l.name: l for l in dp.plan(self.model, (9, 9, 4), 8, method="mixed").layers}
+        self.assertEqual({by_name[n].kind for n in ("dw", "dw_strided", "sep", "sep_narrow")},
+                         {"depthwise"})
+        self.assertEqual(by_name["dw"].mode, "instantiate")
+        self.assertEqual((by_name["sep"].t, by_name["sep"].p, by_name["sep"].d), (9, 16, 16))
+        self.assertEqual(by_name["sep"].mode, "ghost")
+        self.assertEqual(by_name["sep_narrow"].mode, "instantiate")
+
+    def test_matches_naive_with_weight_decay(self):
+        self.assert_rule_matches_naive(
+            self.model, rule_test_case.images(6, 9, channels=4), tf.constant([0, 1, 2, 0, 1, 2]),
+            "depthwise", sample_weight=rule_test_case.weights(6), weight_decay=0.05,
+            weight_decay_variables=[v for v in self.model.trainable_variables
+                                    if "kernel" in v.path],
+        )
+
+    def test_rows_per_example_traced(self):
+        x = rule_test_case.images(8, 9, channels=4, seed=2)
+        y = tf.constant([0, 0, 1, 1, 2, 2, 0, 0])
+        loss = dp_test_case.per_example_xent
+        ref, ref_norms = dp.clipped_grad_sum(self.model, loss, x, y, l2_norm_clip=0.5,
+                                             method="naive", augmentation_multiplicity=2)
+        for method in ("mixed", "bk"):
+            fn = tf.function(lambda x, y, method=method: dp.clipped_grad_sum(
+                self.model, loss, x, y, l2_norm_clip=0.5, method=method,
+                augmentation_multiplicity=2))
+            got, norms = fn(x, y)
+            self.assertAllClose(ref_norms, norms, rtol=1e-4, msg=method)
+            for r, g in zip(ref, got):
+                self.assertAllClose(r, g, rtol=1e-4, atol=1e-6, msg=method)
+
+
+if __name__ == "__main__":
+    tf.test.main()

@@ -1,0 +1,223 @@
+"""Rules for `DepthwiseConv2D` and `SeparableConv2D` (MobileNet, EfficientNet, ConvNeXt).
+
+A depthwise conv is, channel by channel, a conv with D = kh·kw inputs and
+p = depth multiplier outputs over T = Ho·Wo positions. By the layer-wise
+rule of Bu et al. (2022) a ghost norm pays off only where 2T² < p·D, i.e.
+T ≤ 2 for a 3×3 kernel; the per-example gradient is small (kh·kw·C·p
+floats), so it is instantiated: one depthwise backprop per example, without
+unfolding the input.
+
+A separable conv is a depthwise conv followed by a 1×1 (pointwise) conv.
+The tap records the depthwise output h; the pointwise kernel's per-example
+gradient is h_iᵀ G_i (ghost or instantiated by 2T² < p·D, as a dense layer
+on T positions), and the depthwise kernel's comes from the gradient at h,
+G_i·Wᵀ.
+"""
+
+import keras
+import tensorflow as tf
+
+from tfdp.dp import layer_grads
+from tfdp.dp import layer_taps
+from tfdp.dp.rules import registry
+
+
+def _geometry(layer):
+    sh, sw = layer.strides
+    return [1, sh, sw, 1], layer.padding.upper(), list(layer.dilation_rate)
+
+
+def depthwise(layer, inputs, kernel):
+    """The layer's depthwise conv of `inputs` by `kernel` (channels last)."""
+    strides, padding, dilations = _geometry(layer)
+    return tf.nn.depthwise_conv2d(inputs, kernel, strides, padding, dilations=dilations)
+
+
+def per_example_depthwise_grads(layer, inputs, output_grads, kernel_shape, k=1):
+    """Per-example depthwise kernel gradients [B, kh, kw, C, mult].
+
+    One depthwise backprop per example (its k rows summed), in a
+    `tf.map_fn`: no unfolded input.
+
+    Args:
+        layer: the layer (its strides, padding and dilation).
+        inputs: list of tensors [B·k, H, W, C]. The depthwise inputs, one per call.
+        output_grads: list of tensors [B·k, Ho, Wo, C·mult]. Gradients at the
+            depthwise outputs.
+        kernel_shape: the depthwise kernel's shape.
+        k: int. Rows per example. Defaults to 1.
+    """
+    def by_example(t):
+        t = tf.cast(t, tf.float32)
+        shape = tf.shape(t)
+        return tf.reshape(t, tf.concat([[shape[0] // k, k], shape[1:]], 0))
+
+    zeros = tf.zeros(kernel_shape, tf.float32)
+
+    def one_example(pairs):
+        total = None
+        for x_i, g_i in pairs:
+            with tf.GradientTape() as tape:
+                tape.watch(zeros)
+                y = depthwise(layer, x_i, zeros)
+            part = tape.gradient(y, zeros, output_gradients=g_i)
+            total = part if total is None else total + part
+        return total
+
+    pairs = [(by_example(x), by_example(g)) for x, g in zip(inputs, output_grads)]
+    return tf.map_fn(one_example, pairs, fn_output_signature=tf.float32, parallel_iterations=4)
+
+
+def _positions(records):
+    t = 0
+    for record in records:
+        shape = record.outputs.shape
+        t += int(shape[1]) * int(shape[2])
+    return t
+
+
+class PointwiseFactors(layer_grads.LinearFactors):
+    """`LinearFactors` of a separable conv's pointwise kernel: U = the depthwise output."""
+
+    @property
+    def u(self):
+        if self._u is None:
+            us = [layer_grads.flatten_bt(tf.cast(r.statistics, tf.float32), self.k)
+                  for r in self.records]
+            self._u = us[0] if len(us) == 1 else tf.concat(us, axis=1)
+        return self._u
+
+    def kernel_from_matrix(self, matrix):
+        return tf.reshape(matrix, self.layer.pointwise_kernel.shape)
+
+
+class DepthwiseClip(registry.LayerClip):
+    """Depthwise kernel instantiated per example; a separable conv's pointwise
+    kernel and any bias from `LinearFactors`."""
+
+    def __init__(self, layer, records, output_grads, context):
+        self.layer = layer
+        self.variables = layer_taps.own_trainable_variables(layer)
+        self.separable = isinstance(layer, keras.layers.SeparableConv2D)
+        self.depthwise_kernel = layer.depthwise_kernel if self.separable else layer.kernel
+        grads = [tf.cast(g, tf.float32) for g in output_grads]
+        if self.separable:
+            self.factors = PointwiseFactors(layer, records, grads, context.k)
+            pointwise = tf.cast(layer.pointwise_kernel[0, 0], tf.float32)
+            inputs = [r.inputs for r in records]
+            depthwise_grads = [tf.einsum("bhwo,co->bhwc", g, pointwise) for g in grads]
+            t = _positions(records)
+            p, d = int(layer.pointwise_kernel.shape[-1]), int(layer.pointwise_kernel.shape[-2])
+            self.mode = layer_grads.linear_norm_mode(t, p, d, context.method)
+        else:
+            self.factors = layer_grads.LinearFactors(layer, records, grads, context.k)
+            inputs, depthwise_grads = [r.inputs for r in records], grads
+            self.mode = layer_grads.INSTANTIATE
+        self.per_example = per_example_depthwise_grads(
+            layer, inputs, depthwise_grads, self.depthwise_kernel.shape, context.k
+        )
+        # The pointwise kernel's ghost-norm sum may come from a second
+        # backward pass, which then forms the depthwise sum too: the same
+        # arithmetic as the depthwise norm, from the same recorded ops.
+        self.from_backward = (
+            self.separable and registry.is_float32(layer) and self.mode == layer_grads.GHOST
+        )
+
+    def _role(self, variable):
+        if variable is self.depthwise_kernel:
+            return "depthwise"
+        if self.separable and variable is self.layer.pointwise_kernel:
+            return "pointwise"
+        return "bias"
+
+    def sq_norm(self, variable):
+        role = self._role(variable)
+        if role == "depthwise":
+            return tf.reduce_sum(tf.square(self.per_example), [1, 2, 3, 4])
+        if role == "pointwise":
+            return self.factors.kernel_sq_norms(self.mode)
+        return self.factors.bias_sq_norms()
+
+    def dot(self, variable):
+        role = self._role(variable)
+        w = tf.convert_to_tensor(variable)
+        if role == "depthwise":
+            return tf.reduce_sum(self.per_example * w[None], [1, 2, 3, 4])
+        if role == "pointwise":
+            return self.factors.kernel_dot_weights()
+        return tf.reduce_sum(self.factors.bias_per_example * tf.reshape(w, [1, -1]), 1)
+
+    def clipped_sum(self, variable, coeffs, keep=None):
+        role = self._role(variable)
+        if role == "depthwise":
+            return tf.tensordot(coeffs, layer_grads.keep_rows(self.per_example, keep), axes=1)
+        if role == "pointwise":
+            return self.factors.kernel_clipped_sum(coeffs, keep)
+        return self.factors.bias_clipped_sum(coeffs, keep)
+
+
+_CALLS = {
+    keras.layers.DepthwiseConv2D: keras.layers.DepthwiseConv2D.call,
+    keras.layers.SeparableConv2D: keras.layers.SeparableConv2D.call,
+}
+
+
+@registry.register_rule(keras.layers.DepthwiseConv2D, keras.layers.SeparableConv2D)
+class DepthwiseConvRule(registry.Rule):
+    """Depthwise kernels instantiated per example; pointwise kernels by 2T² < p·D."""
+
+    name = "depthwise"
+
+    def applies(self, layer):
+        return (
+            any(type(layer).call is call for call in _CALLS.values())
+            and layer.data_format == "channels_last"
+            and layer.padding in ("valid", "same")
+            and registry.is_plain(layer)
+        )
+
+    def tapped_call(self, layer, original):
+        separable = isinstance(layer, keras.layers.SeparableConv2D)
+
+        def call(inputs, *args, **kwargs):
+            recorder = layer_taps.active_recorder()
+            if recorder is None or recorder.mode != "record":
+                return original(inputs, *args, **kwargs)
+            if separable:
+                hidden = depthwise(layer, inputs, layer.depthwise_kernel)
+                pre = tf.nn.conv2d(hidden, layer.pointwise_kernel, 1, "VALID")
+            else:
+                hidden = None
+                pre = depthwise(layer, inputs, layer.kernel)
+            if layer.use_bias:
+                pre = pre + layer.bias
+            pre = recorder.record(
+                layer_taps.TapRecord(layer, inputs, pre, statistics=hidden)
+            )
+            return layer.activation(pre) if layer.activation is not None else pre
+
+        return call
+
+    def clip(self, layer, records, output_grads, context):
+        return DepthwiseClip(layer, records, output_grads, context)
+
+    def cost(self, layer, records, method, batch_size):
+        t = _positions(records)
+        kernel = layer.depthwise_kernel if isinstance(layer, keras.layers.SeparableConv2D) else (
+            layer.kernel)
+        depthwise_size = int(tf.size(kernel))
+        instantiated = depthwise_size
+        mode = layer_grads.INSTANTIATE
+        work = 0
+        p = d = 0
+        if isinstance(layer, keras.layers.SeparableConv2D):
+            p, d = int(layer.pointwise_kernel.shape[-1]), int(layer.pointwise_kernel.shape[-2])
+            mode = (layer_grads.linear_norm_mode(t, p, d, method)
+                    if method in registry.TAPPED_METHODS else layer_grads.INSTANTIATE)
+            if mode == layer_grads.GHOST:
+                work = 2 * t * t
+            else:
+                instantiated += p * d
+        memory = batch_size * (instantiated + work) * registry.BYTES
+        kept = batch_size * (instantiated + (t * p if mode == layer_grads.GHOST else 0))
+        return registry.Cost(t, p, d, mode, memory, kept * registry.BYTES)
