@@ -57,6 +57,19 @@ class BenchCliTest(absltest.TestCase):
         self.assertEqual(bk["time_ratio"], bk["paired_time_ratio"])
         self.assertAlmostEqual(
             bk["separate_time_ratio"], bk["step_time_s"] / results[0]["step_time_s"])
+        # The overhead per physical batch and per logical step, from the
+        # paired child's phases, and amortised over the paper's accumulation.
+        for key in ("paired_batch_time_s", "paired_update_time_s",
+                    "paired_nonprivate_batch_time_s", "paired_nonprivate_update_time_s"):
+            self.assertGreater(bk[key], 0.0)
+        for r in results:
+            self.assertGreater(r["batch_time_s"], 0.0)
+            self.assertGreater(r["update_time_s"], 0.0)
+        self.assertAlmostEqual(bk["batch_overhead_ratio"], bk["paired_batch_time_s"]
+                               / bk["paired_nonprivate_batch_time_s"])
+        self.assertEqual(sorted(bk["amortised_time_ratios"], key=int),
+                         [str(k) for k in bench.BATCHES_PER_STEP])
+        self.assertIn("noise_draw_s", bk)
 
     def test_ratios_and_table(self):
         results = [
@@ -99,6 +112,47 @@ class BenchCliTest(absltest.TestCase):
         self.assertIn("No paired timing for mixed", bench.format_table(results))
         # Non-private alone has no ratio to explain.
         self.assertNotIn("x time:", bench.format_table(results[:1]))
+
+    def test_overhead_per_batch_and_per_logical_step(self):
+        results = [
+            {"method": "nonprivate", "jit_compile": False, "step_time_s": 0.12,
+             "peak_rss_mb": 1000.0, "rss_increase_mb": 100.0,
+             "batch_time_s": 0.100, "update_time_s": 0.020},
+            {"method": "bk", "jit_compile": False, "step_time_s": 0.2,
+             "peak_rss_mb": 1000.0, "rss_increase_mb": 100.0,
+             "batch_time_s": 0.120, "update_time_s": 0.080},
+            {"method": "ghost", "jit_compile": False, "step_time_s": 0.2,
+             "peak_rss_mb": 1000.0, "rss_increase_mb": 100.0,
+             "batch_time_s": 0.500, "update_time_s": 0.500,
+             "paired_batch_time_s": 0.150, "paired_update_time_s": 0.060,
+             "paired_nonprivate_batch_time_s": 0.100,
+             "paired_nonprivate_update_time_s": 0.020},
+        ]
+        bench.add_ratios(results)
+        bk, ghost = results[1], results[2]
+        # Separate processes: clipping 1.2x per batch, the update 60 ms more.
+        self.assertAlmostEqual(bk["batch_overhead_ratio"], 1.2)
+        self.assertAlmostEqual(bk["update_overhead_s"], 0.060)
+        # One batch per step carries the whole update; 256 batches share it.
+        self.assertAlmostEqual(bk["amortised_time_ratios"][1], 0.2 / 0.12)
+        self.assertAlmostEqual(bk["amortised_time_ratios"][256],
+                               (0.12 + 0.08 / 256) / (0.1 + 0.02 / 256))
+        self.assertGreater(bk["amortised_time_ratios"][1], bk["amortised_time_ratios"][64])
+        self.assertGreater(bk["amortised_time_ratios"][64], bk["amortised_time_ratios"][256])
+        # The paired child's phases win over the separate processes'.
+        self.assertAlmostEqual(ghost["batch_overhead_ratio"], 1.5)
+        self.assertAlmostEqual(ghost["update_overhead_s"], 0.040)
+        self.assertAlmostEqual(results[0]["batch_overhead_ratio"], 1.0)
+        table = bench.format_phase_table(results)
+        rows = {line.split()[0]: line.split() for line in table.splitlines()[2:5]}
+        self.assertEqual(rows["bk"][2:6], ["120.0", "1.20x", "80.0", "+60.0"])
+        self.assertEqual(rows["ghost"][2:4], ["150.0", "1.50x"])
+        self.assertIn("x at 256", table.splitlines()[0])
+        # Without phases there is nothing to report.
+        del results[1]["batch_time_s"]
+        bench.add_ratios(results)
+        self.assertIsNone(results[1]["batch_overhead_ratio"])
+        self.assertNotIn("bk ", bench.format_phase_table(results))
 
     def test_budget_search_finds_the_largest_fitting_batch(self):
         # A stubbed child: peak = 100 + 3 MiB per example, out of memory from

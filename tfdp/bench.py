@@ -16,6 +16,11 @@ is what decides the batch on an accelerator.
 A step is a full train step: forward, (clipped) gradient sum, noise and the
 optimizer update, i.e. `PrivateTrainStep.accumulate` + `apply` with one
 physical batch per logical step (`NonPrivateTrainStep` for "nonprivate").
+Its two phases are timed too, and a second table reports the private
+step's overhead twice: per physical batch (`accumulate`: per-example
+clipping) and per logical step (`apply`: the noise, drawn once per logical
+step, and the update), the latter also amortised over the 64 or 256
+physical batches per logical step of large-batch training.
 
 With `--memory_budget_mb=M` the bench instead searches, for every method,
 the largest physical batch whose peak memory fits in M MiB: the
@@ -200,15 +205,41 @@ def _step_runner(args, step, batch_size):
     y = tf.constant(rng.integers(0, args.num_classes, size=(batch_size,)), tf.int32)
     w = tf.ones([batch_size], tf.float32)
     probe = step.variables[0]
+    # Reading the smallest accumulator waits for a physical batch's work.
+    batch_done = min(step.accumulators, key=lambda v: v.shape.num_elements())
     # One logical step: `virtual_steps` physical batches, the last one marked.
     logical_step = [(x, y, w, i == args.virtual_steps - 1) for i in range(args.virtual_steps)]
+    phases = {"batch": [], "update": []}
 
     def one_step():
-        for _ in dp.run_logical_steps(step, logical_step):
+        marks = [time.perf_counter()]
+
+        def batch_finished(images):
+            del images
+            batch_done.numpy()
+            marks.append(time.perf_counter())
+
+        for _ in dp.run_logical_steps(step, logical_step, on_batch=batch_finished):
             pass
         probe.numpy()  # Waits for the step to finish.
+        phases["batch"].extend(b - a for a, b in zip(marks, marks[1:]))
+        phases["update"].append(time.perf_counter() - marks[-1])
 
+    one_step.phases = phases
     return one_step
+
+
+def phase_medians(runner):
+    """Median seconds of `runner`'s physical batch and of its logical step's update.
+
+    A physical batch is `accumulate` (forward, gradient sum; per-example
+    clipping when private); the update is `apply` (noise when private,
+    division, optimizer update), once per logical step.
+    """
+    import numpy as np
+
+    return {"batch_time_s": float(np.median(runner.phases["batch"])),
+            "update_time_s": float(np.median(runner.phases["update"]))}
 
 
 def _accelerator():
@@ -244,6 +275,8 @@ def _run_paired_child(args):
         # Two at least: a tiny model's second step still traced once.
         for _ in range(max(args.warmup, 2)):
             runners[name]()
+        for times in runners[name].phases.values():
+            times.clear()
     args.child_method = method
     times = {name: [] for name in runners}
     names = list(runners)
@@ -260,7 +293,10 @@ def _run_paired_child(args):
            "paired_rounds": len(ratios),
            "paired_time_ratio": float(np.median(ratios)),
            "paired_time_ratio_quartiles": [float(np.percentile(ratios, 25)),
-                                           float(np.percentile(ratios, 75))]})
+                                           float(np.percentile(ratios, 75))],
+           **{f"paired_{k}": v for k, v in phase_medians(runners[method]).items()},
+           **{f"paired_nonprivate_{k}": v
+              for k, v in phase_medians(runners["nonprivate"]).items()}})
     return 0
 
 
@@ -290,6 +326,8 @@ def _run_child(args):
         first_step_s = time.perf_counter() - t0
         for _ in range(max(args.warmup - 1, 0)):
             one_step()
+        for phase_times in one_step.phases.values():
+            phase_times.clear()
         tensor_device = _accelerator() or "CPU:0"
         tf.config.experimental.reset_memory_stats(tensor_device)
         times, cpu_times = [], []
@@ -320,6 +358,7 @@ def _run_child(args):
         "peak_before_steps_mb": baseline_peak,
         "tensor_peak_mb": tensor_peak,
         "num_params": int(sum(int(np.prod(v.shape)) for v in model.trainable_variables)),
+        **phase_medians(one_step),
     }
     device = _accelerator()
     if device is not None:
@@ -387,7 +426,6 @@ def _noise_draw_times(variables, stddev, repeats=5):
     import numpy as np
     import tensorflow as tf
 
-    from tfdp.dp import native_noise
     from tfdp.dp import noise as noise_lib
 
     shapes = [v.shape for v in variables]
@@ -404,9 +442,7 @@ def _noise_draw_times(variables, stddev, repeats=5):
         return [tf.reduce_sum(tf.random.stateless_normal(s, seeds[i], stddev=stddev))
                 for i, s in enumerate(shapes)]
 
-    out = {"noise_op": (f"native op, {native_noise.instruction_set()}"
-                        if native_noise.usable_here(sum(s.num_elements() for s in shapes))
-                        else "TensorFlow ops")}
+    out = {}
     for name, fn in (("noise_draw_s", tfdp_draw), ("tf_normal_draw_s", tf_draw)):
         fn(seed)
         times = []
@@ -679,7 +715,83 @@ def add_ratios(results):
         # also holds the machine's drift between them.
         r["time_ratio"] = (r["paired_time_ratio"] if r["paired_time_ratio"] is not None
                            else r["separate_time_ratio"])
+        _add_phase_overheads(r, b if ok else None)
     return results
+
+
+# Physical batches per logical step at which `format_phase_table` reports the
+# private step's cost: one (the whole noise draw and update on one batch), and
+# the paper's accumulations (a logical batch of 2,048 or 8,192 examples in
+# physical batches of 32).
+BATCHES_PER_STEP = (1, 64, 256)
+
+
+def amortised_ratio(batch, update, base_batch, base_update, batches_per_step):
+    """Private over non-private time per physical batch, `batches_per_step` per step.
+
+    A logical step of k physical batches costs k·batch + update, so per
+    physical batch the ratio is (batch + update/k) / (base_batch + base_update/k).
+    """
+    k = float(batches_per_step)
+    return (batch + update / k) / (base_batch + base_update / k)
+
+
+def _add_phase_overheads(r, base):
+    """Per-batch (clipping) and per-step (noise, update) overheads of `r` over `base`.
+
+    From the paired child's phase medians where `r` has them (both steps
+    measured in one process), else from the separate processes'.
+    """
+    r["batch_overhead_ratio"] = r["update_overhead_s"] = None
+    r["amortised_time_ratios"] = {}
+    if r.get("paired_batch_time_s") is not None:
+        mine = (r["paired_batch_time_s"], r["paired_update_time_s"])
+        theirs = (r["paired_nonprivate_batch_time_s"], r["paired_nonprivate_update_time_s"])
+    elif base is not None and r.get("batch_time_s") and base.get("batch_time_s"):
+        mine = (r["batch_time_s"], r["update_time_s"])
+        theirs = (base["batch_time_s"], base["update_time_s"])
+    else:
+        return
+    r["batch_overhead_ratio"] = mine[0] / theirs[0]
+    r["update_overhead_s"] = mine[1] - theirs[1]
+    r["amortised_time_ratios"] = {
+        k: amortised_ratio(*mine, *theirs, k) for k in BATCHES_PER_STEP}
+
+
+def format_phase_table(results):
+    """The private step's overhead per physical batch and per logical step.
+
+    One row per private method (non-private is the reference). `x batch`: a physical batch's time (forward, per-example clipping,
+    gradient sum) over non-private's. `+update ms`: the extra time of the
+    logical step's update (noise, division, optimizer step), drawn once per
+    logical step. `x at k`: the whole cost per physical batch with k
+    physical batches per logical step (`amortised_ratio`).
+    """
+    def fmt(v, spec):
+        return "-" if v is None else format(v, spec)
+
+    header = (f"{'method':<11} {'xla':<4} {'batch ms':>9} {'x batch':>8} "
+              f"{'update ms':>10} {'+update ms':>11} "
+              + " ".join(f"{f'x at {k}':>9}" for k in BATCHES_PER_STEP))
+    lines = [header, "-" * len(header)]
+    for r in results:
+        if r["method"] == "nonprivate" or "error" in r or r.get("batch_overhead_ratio") is None:
+            continue
+        paired = r.get("paired_batch_time_s") is not None
+        batch = r["paired_batch_time_s"] if paired else r["batch_time_s"]
+        update = r["paired_update_time_s"] if paired else r["update_time_s"]
+        ratios = r["amortised_time_ratios"]
+        lines.append(
+            f"{r['method']:<11} {'on' if r['jit_compile'] else 'off':<4} "
+            f"{batch * 1e3:9.1f} {r['batch_overhead_ratio']:7.2f}x "
+            f"{update * 1e3:10.1f} {r['update_overhead_s'] * 1e3:+11.1f} "
+            + " ".join(f"{fmt(ratios.get(k), '8.2f')}x" for k in BATCHES_PER_STEP))
+    lines.append(
+        "x batch: a physical batch (forward, clipping, gradient sum) over non-private's.\n"
+        "+update ms: a logical step's update (noise, division, update) over non-private's.\n"
+        "x at k: (batch + update/k) over non-private's, k physical batches per logical step.\n"
+        "Phases from the paired child where it ran, else from the separate processes.")
+    return "\n".join(lines)
 
 
 def format_table(results):
@@ -784,14 +896,16 @@ def main(argv=None):
             f"cpus={os.cpu_count()}"
         )
         print(format_table(results))
+        if any(r.get("batch_overhead_ratio") is not None for r in results):
+            print()
+            print(format_phase_table(results))
         draws = [r for r in results if "noise_draw_s" in r]
         if draws:
             ours = min(r["noise_draw_s"] for r in draws)
             theirs = min(r["tf_normal_draw_s"] for r in draws)
             print(
                 f"noise draw per logical step ({draws[0]['num_params']:,} normals): "
-                f"tfdp {ours * 1e3:.0f} ms ({draws[0].get('noise_op', '?')}, "
-                f"no cap below 9.49 sigma) against "
+                f"tfdp {ours * 1e3:.0f} ms (no cap below 9.49 sigma) against "
                 f"tf.random.stateless_normal {theirs * 1e3:.0f} ms (capped at 5.68 sigma): "
                 f"{ours / theirs:.2f}x"
             )

@@ -122,6 +122,46 @@ class NoiseTest(tf.test.TestCase):
         # Tails: P(|z| > 3) = 0.0027.
         self.assertAllClose(np.mean(np.abs(big) > 3.0), 0.0027, atol=0.0015)
 
+    def test_draws_are_box_muller_of_tensorflows_philox_words(self):
+        # Each value is the Box–Muller pair of TF's own Philox words for the
+        # draw's seed, laid out as `_normal_halves` documents, against a
+        # float64 evaluation of the same words.
+        seed = dp.step_seed([11, 12], 3)
+        for size in (1, 2, 15, 64, 65, 1001, 2**18 + 3):
+            with self.subTest(size=size):
+                half = max((size + 1) // 2, 1)
+                padded = -(-half // 32) * 32
+                words = tf.random.stateless_uniform(
+                    [3, padded], seed, minval=None, maxval=None, dtype=tf.uint32
+                ).numpy().astype(np.float64)
+                hi, lo, angle = words[:, :half]
+                radius = 1.5 * np.sqrt(-2.0 * np.log((hi * 2.0**32 + lo + 0.5) * 2.0**-64))
+                theta = 2.0 * np.pi * (angle + 0.5) * 2.0**-32
+                sin_half, cos_half = (h.numpy() for h in noise_lib._normal_halves(size, seed, 1.5))
+                self.assertEqual(sin_half.shape, (half,))
+                # Near u1 = 1, ln x − 32 ln 2 cancels in float32: 1.2e-3 σ at
+                # worst over 16.8 M normals. A wrong word, pair order or sign
+                # is off by about σ.
+                self.assertAllClose(sin_half, radius * np.sin(theta), rtol=0, atol=3e-3 * 1.5)
+                self.assertAllClose(cos_half, radius * np.cos(theta), rtol=0, atol=3e-3 * 1.5)
+        # The big draw reached the tail, where the low word sets u1: about 1
+        # pair in 256 has a high word below 2²⁴.
+        self.assertGreater(int(np.sum(hi < 2**24)), 200)
+        self.assertGreater(float(np.max(np.abs(np.concatenate([sin_half, cos_half])))), 4.5 * 1.5)
+
+    def test_xla_draws_the_same_law(self):
+        # XLA lays out TF's Philox stream its own way: another draw of the
+        # same law, not the same values.
+        g = [tf.zeros([2**16])]
+        seed = dp.step_seed([1, 2], 3)
+        eager = noise_lib.noisy_divided(g, 1.0, seed, 1.0)[0].numpy()
+        with_xla = tf.function(
+            lambda: noise_lib.noisy_divided(g, 1.0, seed, 1.0)[0], jit_compile=True
+        )().numpy()
+        self.assertEqual(with_xla.shape, eager.shape)
+        self.assertGreater(stats.kstest(with_xla, "norm").pvalue, 1e-4)
+        self.assertLess(stats.kstest(with_xla * 1.05, "norm").pvalue, 1e-4)
+
     def test_draws_share_small_tensors_and_split_large_ones(self):
         n = noise_lib._DRAW_ELEMENTS
         shapes = [[5], [2 * n + 7], [3], [n - 2], [4], [0], [2]]
@@ -135,8 +175,7 @@ class NoiseTest(tf.test.TestCase):
         seed = dp.step_seed([3, 0], 5)
         shared = noise_lib.gaussian_noise([tf.zeros([5]), tf.zeros([2, 3]), tf.zeros([4])], 1.0, seed)
         draw_seed = tf.random.experimental.stateless_split(seed, 1)[0]
-        # (15 normals: TF's ops, not the native op, draw them.)
-        expected = tf.concat(noise_lib._normal_halves(15, draw_seed, 1.0, native=False), 0)[:15]
+        expected = tf.concat(noise_lib._normal_halves(15, draw_seed, 1.0), 0)[:15]
         self.assertAllEqual(tf.concat([tf.reshape(t, [-1]) for t in shared], 0), expected)
         self.assertEqual(noise_lib.gaussian_noise([tf.zeros([0, 3])], 1.0, seed)[0].shape, (0, 3))
         tensors = [tf.zeros([3])] * 3000 + [tf.zeros([2, 2], tf.float64),

@@ -21,29 +21,24 @@ was present: for the default run that event alone costs more than δ
 (docs/PRIVACY.md, "Floating-point noise"). Here the tail mass beyond the cap,
 P(R > 9.49) = 2⁻⁶⁵ per pair of normals, is the whole truncation cost.
 
-Three words per pair instead of two cost about 1.35× the earlier two-word
-vectorized draw. For ResNet-18's 11.2 M normals the draw takes 1.1–1.6×
-the time of `tf.random.stateless_normal`'s capped one (97–139 against
-86–89 ms on 2 cores, in the bench runs of docs/BENCHMARKS.md's sixth pass).
-
-On a CPU, outside XLA, a compiled op (`native_noise`) computes the same draw
-from the same words, and `noisy_divided` adds it in one pass per tensor:
-about a third of the time of TensorFlow's ops (docs/BENCHMARKS.md, eighth
-pass).
+Three words per pair instead of two cost about 1.35× a two-word draw. For
+ResNet-18's 11.2 M normals the draw takes 1.1–1.6× the time of
+`tf.random.stateless_normal`'s capped one (97–139 against 86–89 ms on
+2 cores, docs/BENCHMARKS.md). The noise is drawn once per logical step, so
+with several physical batches per step its cost is shared by all of them.
 """
 
 import math
 
 import tensorflow as tf
 
-from tfdp.dp import native_noise
-
 # u1 is a 64-bit uniform (hi·2³² + lo + ½)·2⁻⁶⁴: at least 2⁻⁶⁵.
 _WORD = 2.0**-32
 _LN_2_POW_32 = 32.0 * math.log(2.0)
 MAX_ABS_NORMAL = math.sqrt(-2.0 * math.log(2.0**-65))
 # Rows of a draw's words are whole multiples of this many pairs (see
-# `_normal_halves`).
+# `_normal_halves`): the layout fixes which Philox words each coordinate
+# gets, so it is part of what makes a run's noise reproducible.
 _PAIRS_PER_BLOCK_ROW = 32
 
 
@@ -83,20 +78,15 @@ def _draw_seeds(seed, num_draws):
     ) if num_draws else []
 
 
-def _normal_halves(size, seed, stddev, native=None):
+def _normal_halves(size, seed, stddev):
     """N(0, stddev²) float32 values for `size` coordinates, as Box–Muller's halves.
 
     One Philox draw of [3, padded] words, `padded` being the ⌈size/2⌉ pairs
-    rounded up to a multiple of 32: each row then starts on a Philox block
-    of its own, which the native op (`native_noise`) needs to compute eight
-    blocks at a time. The draw's values, in order, are the sin half then the
-    cos half; the caller takes the first `size`. The native op computes the
-    same values where `native` is true (None: where it can run), and
-    TensorFlow's ops elsewhere.
+    rounded up to a multiple of 32, so each row starts on a Philox block of
+    its own. The draw's values, in order, are the sin half then the cos
+    half; the caller takes the first `size`.
     """
     half = _pairs(size)
-    if native_noise.usable_here() if native is None else native:
-        return native_noise.normal_halves(half, seed, stddev)
     padded = -(-half // _PAIRS_PER_BLOCK_ROW) * _PAIRS_PER_BLOCK_ROW
     words = tf.random.stateless_uniform(
         [3, padded], seed, minval=None, maxval=None, dtype=tf.uint32
@@ -130,8 +120,7 @@ def noisy_divided(sums, stddev, seed, divisor):
     consumed before the next one starts, so only one draw and its
     temporaries are alive at a time (at 224 px, drawing all of ResNet-18's
     noise before adding it made the private step's peak about 180 MB above
-    non-private training's). With the native op (float32 sums) no noise
-    tensor exists at all: each tensor's op adds its draws as it makes them.
+    non-private training's).
 
     Args:
         sums: list of floating tensors. Summed clipped gradients.
@@ -142,50 +131,7 @@ def noisy_divided(sums, stddev, seed, divisor):
     Returns:
         A list of tensors like `sums`.
     """
-    if all(g.dtype == tf.float32 for g in sums) and native_noise.usable_here(_num_normals(sums)):
-        return _native_noisy_divided(list(sums), stddev, seed, divisor)
     return _noised(sums, stddev, seed, lambda g, n: (g + n) / divisor)
-
-
-def _native_noisy_divided(sums, stddev, seed, divisor):
-    """`noisy_divided` with the native op: one op and one pass per tensor.
-
-    Each tensor's op gets the pieces that `_draw_pieces` assigns it and the
-    Philox key and counter of their draws, and adds the same values that
-    `_normal_halves` would draw for them. No noise tensor is materialized.
-    """
-    draws = _draw_pieces(sums)
-    key_counters = [tf.raw_ops.StatelessRandomGetKeyCounter(seed=s)
-                    for s in _draw_seeds(seed, len(draws))]
-    pieces = [[] for _ in sums]  # Per tensor: (draw, pairs, offset, start, size).
-    for d, draw in enumerate(draws):
-        pairs = _pairs(sum(size for _, _, size in draw))
-        offset = 0
-        for i, start, size in draw:
-            pieces[i].append((d, pairs, offset, start, size))
-            offset += size
-    stddev = tf.cast(stddev, tf.float32)
-    divisor = tf.constant(divisor, tf.float32)
-    results = []
-    for g, own in zip(sums, pieces):
-        if not own:  # No elements.
-            results.append(g / divisor)
-            continue
-        used = sorted({d for d, *_ in own})
-        local = {d: j for j, d in enumerate(used)}
-        results.append(native_noise.noisy_divided(
-            g,
-            keys=tf.concat([key_counters[d][0] for d in used], 0),
-            counters=tf.stack([key_counters[d][1] for d in used]),
-            stddev=stddev,
-            divisor=divisor,
-            piece_draw=[local[d] for d, *_ in own],
-            piece_pairs=[p for _, p, _, _, _ in own],
-            piece_offset=[o for _, _, o, _, _ in own],
-            piece_start=[st for _, _, _, st, _ in own],
-            piece_size=[sz for *_, sz in own],
-        ))
-    return results
 
 
 # Elements per Philox draw. Small tensors (biases, norms: most of a model's
@@ -251,16 +197,11 @@ def _segments(draw, halves):
     return segments
 
 
-def _num_normals(grads):
-    return sum(g.shape.num_elements() or 0 for g in grads)
-
-
 def _noised(grads, stddev, seed, combine):
     grads = list(grads)
     if not grads:
         return []
     draws = _draw_pieces(grads)
-    native = native_noise.usable_here(_num_normals(grads))
     combined = [[] for _ in grads]  # Each tensor's combined segments, in order.
     seeds = _draw_seeds(seed, len(draws))
     previous = []
@@ -270,7 +211,7 @@ def _noised(grads, stddev, seed, combine):
         # the parameters at peak.
         with tf.control_dependencies(previous):
             draw_seed = tf.identity(draw_seed)
-        halves = _normal_halves(sum(size for _, _, size in draw), draw_seed, stddev, native)
+        halves = _normal_halves(sum(size for _, _, size in draw), draw_seed, stddev)
         previous = []
         for i, start, noise in _segments(draw, halves):
             g = grads[i]
