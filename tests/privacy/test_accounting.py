@@ -1,6 +1,5 @@
 """Tests for tfdp.privacy.accounting (no TensorFlow)."""
 
-import functools
 import math
 import subprocess
 import sys
@@ -690,76 +689,6 @@ class EpsilonTableTest(absltest.TestCase):
                 places=9,
             )
             self.assertLessEqual(r["epsilon_pld"], r["epsilon_rdp"] * (1 + 1e-3))
-
-
-class DeprecatedSamplingKeywordTest(parameterized.TestCase):
-    """`sampling=` is the deprecated name of `sampler=`."""
-
-    # Each public function taking a sampler, with its other arguments.
-    FUNCTIONS = (
-        ("epsilon", privacy.epsilon, (1.5, 13, 1e-5)),
-        ("epsilon_table", privacy.epsilon_table, (1.5, 13, (1e-5, 1e-6))),
-        ("make_dp_event", privacy.make_dp_event, (1.5, 13)),
-        ("calibrate_noise", functools.partial(privacy.calibrate_noise, steps=13), (4.0, 1e-5)),
-        ("max_steps_within", privacy.max_steps_within, (4.0, 1.5, 1e-5)),
-    )
-
-    @parameterized.named_parameters(
-        (f"{name}_{sampler}", function, args, sampler)
-        for name, function, args in FUNCTIONS
-        for sampler in ("poisson", "shuffle")
-    )
-    def test_alias_is_identical_and_warns(self, function, args, sampler):
-        kw = dict(dataset_size=100, batch_size=10)
-        expected = function(*args, sampler=sampler, **kw)
-        with self.assertWarnsRegex(DeprecationWarning, "use `sampler`") as cm:
-            got = function(*args, sampling=sampler, **kw)
-        self.assertEqual(got, expected)
-        # The warning points at the caller, not into tfdp.
-        self.assertEqual(cm.filename, __file__)
-
-    def test_alias_takes_a_sampler_instance(self):
-        from tfdp import samplers
-
-        shuffle = samplers.make_sampler("shuffle", dataset_size=100, logical_batch_size=10)
-        kw = dict(dataset_size=100, batch_size=10)
-        with self.assertWarns(DeprecationWarning):
-            got = privacy.epsilon(1.5, 13, 1e-5, sampling=shuffle, **kw)
-        self.assertEqual(got, privacy.epsilon(1.5, 13, 1e-5, sampler="shuffle", **kw))
-
-    @parameterized.named_parameters(
-        (name, function, args) for name, function, args in FUNCTIONS
-    )
-    def test_both_is_an_error(self, function, args):
-        kw = dict(dataset_size=100, batch_size=10)
-        # Even an explicit sampler equal to the default is refused.
-        for sampler, sampling in (("poisson", "shuffle"), ("shuffle", "shuffle")):
-            with self.assertRaisesRegex(
-                ValueError,
-                f"Received: sampler='{sampler}', sampling='{sampling}'$",
-            ) as cm:
-                function(*args, sampler=sampler, sampling=sampling, **kw)
-            self.assertNotIn("\n", str(cm.exception))
-
-    def test_new_keyword_does_not_warn(self):
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            a = privacy.epsilon(1.5, 13, 1e-5, sampling_rate=0.1)
-            b = privacy.epsilon(1.5, 13, 1e-5, sampling_rate=0.1, sampler="poisson")
-        self.assertEqual(a, b)
-
-    def test_old_constant_name_warns(self):
-        with self.assertWarnsRegex(DeprecationWarning, "SAMPLERS"):
-            old = privacy.SAMPLINGS
-        self.assertEqual(old, privacy.SAMPLERS)
-        with self.assertRaises(AttributeError):
-            privacy.NO_SUCH_NAME  # pylint: disable=pointless-statement
-
-    def test_bad_alias_value(self):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            with self.assertRaisesRegex(ValueError, "Received: sampler='uniform'"):
-                privacy.epsilon(1.5, 13, 1e-5, sampling_rate=0.1, sampling="uniform")
 
 
 class NoTensorFlowTest(absltest.TestCase):

@@ -105,11 +105,10 @@ class CliSubprocessTest(absltest.TestCase):
         self.assertTrue(proc.stderr.startswith("error: "), proc.stderr)
         self.assertNotIn("Traceback", proc.stderr)
 
-    def test_help_shows_sampler_not_the_deprecated_flag(self):
+    def test_help_shows_the_sampler_flag(self):
         proc = _run("--help")
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertIn("--sampler {poisson,shuffle}", proc.stdout)
-        self.assertNotIn("--sampling", proc.stdout)
 
 
 class CliInProcessTest(parameterized.TestCase):
@@ -247,46 +246,19 @@ class CliInProcessTest(parameterized.TestCase):
     @parameterized.parameters(
         (["--steps=250"],), (["--steps=250", "--json"],), (["--epochs=2.5", "--json"],),
     )
-    def test_deprecated_sampling_flag(self, extra):
+    def test_sampler_flag(self, extra):
         args = ["--dataset_size=1000", "--batch_size=10", "--noise_multiplier=1",
                 "--delta=1e-5", "--accountant=both", *extra]
         code, out, err = _main(*args, "--sampler=shuffle")
         self.assertEqual(code, 0, err)
         self.assertEqual(err, "")
-        old_code, old_out, old_err = _main(*args, "--sampling=shuffle")
-        self.assertEqual(old_code, 0, old_err)
-        self.assertEqual(old_out, out)
-        self.assertEqual(
-            old_err, "warning: --sampling is deprecated; use --sampler instead.\n"
-        )
         if "--json" in extra:
-            self.assertEqual(json.loads(old_out)["sampler"], "shuffle")
+            self.assertEqual(json.loads(out)["sampler"], "shuffle")
         else:
-            self.assertRegex(old_out, r"(?m)^sampler +shuffle \(zero_out\)$")
+            self.assertRegex(out, r"(?m)^sampler +shuffle \(zero_out\)$")
         # Not the default's output: the flag was honoured.
         _, default_out, _ = _main(*args)
         self.assertNotEqual(default_out, out)
-
-    def test_sampler_and_sampling_flags_together_is_an_error(self):
-        code, out, err = _main(
-            "--dataset_size=1000", "--batch_size=10", "--steps=3",
-            "--noise_multiplier=1", "--delta=1e-5",
-            "--sampler=shuffle", "--sampling=shuffle",
-        )
-        self.assertEqual(code, 2)
-        self.assertEqual(out, "")
-        self.assertRegex(err, "^error: argument --sampl.*not allowed with argument --sampl")
-        self.assertLen(err.splitlines(), 1)
-
-    def test_bad_deprecated_sampling_value(self):
-        code, out, err = _main(
-            "--dataset_size=1000", "--batch_size=10", "--steps=3",
-            "--noise_multiplier=1", "--delta=1e-5", "--sampling=x",
-        )
-        self.assertEqual(code, 2)
-        self.assertEqual(out, "")
-        self.assertRegex(err, "^error: .*sampling.*invalid choice")
-        self.assertLen(err.splitlines(), 1)
 
     def test_bad_delta(self):
         code, _, err = _main(

@@ -43,17 +43,3 @@ __all__ = [
     "steps_for_epochs",
 ]
 
-
-def __getattr__(name):
-    # `SAMPLINGS` was `SAMPLERS`'s name before the package settled on one name
-    # per concept; old imports keep working, with a warning.
-    if name == "SAMPLINGS":
-        import warnings
-
-        warnings.warn(
-            "`tfdp.privacy.SAMPLINGS` is deprecated; use `tfdp.privacy.SAMPLERS`.",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return SAMPLERS
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

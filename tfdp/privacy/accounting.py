@@ -106,46 +106,6 @@ def validate_sampler(sampler, name="sampler"):
     return sampler
 
 
-class _DefaultSampler(str):
-    """The type of `_DEFAULT_SAMPLER`, told apart from an explicit "poisson"."""
-
-
-# The default `sampler=` of the public functions: it equals "poisson", and
-# its identity tells `_resolve_sampler` that `sampler` was not passed.
-_DEFAULT_SAMPLER = _DefaultSampler("poisson")
-
-
-def _resolve_sampler(sampler, sampling):
-    """A public function's sampler, given as `sampler=` or `sampling=`.
-
-    `sampling=` is the deprecated name of `sampler=`: it warns with a
-    `DeprecationWarning` and behaves identically. Passing both is an error.
-
-    Args:
-        sampler: the function's `sampler` argument, `_DEFAULT_SAMPLER` when
-            not passed.
-        sampling: the function's deprecated `sampling` argument, `None` when
-            not passed.
-
-    Returns:
-        The sampler: a name or a `tfdp.samplers.Sampler`, not yet validated.
-    """
-    if sampling is None:
-        return str(sampler) if sampler is _DEFAULT_SAMPLER else sampler
-    if sampler is not _DEFAULT_SAMPLER:
-        raise ValueError(
-            "Pass `sampler` only: `sampling` is its deprecated name. "
-            f"Received: sampler={sampler!r}, sampling={sampling!r}"
-        )
-    warnings.warn(
-        "The `sampling` argument is deprecated; use `sampler` instead. "
-        f"Received: sampling={sampling!r}",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    return sampling
-
-
 def adjacency(sampler):
     """The name of the adjacency relation `sampler`'s bound is stated under."""
     return _sampler_type(sampler).adjacency
@@ -333,8 +293,7 @@ def make_dp_event(
     sampling_rate=None,
     dataset_size=None,
     batch_size=None,
-    sampler=_DEFAULT_SAMPLER,
-    sampling=None,
+    sampler="poisson",
 ):
     """Returns the `dp_accounting.DpEvent` describing a DP-SGD run.
 
@@ -353,13 +312,10 @@ def make_dp_event(
         batch_size: int or None. `B`. Defaults to `None`.
         sampler: str or `tfdp.samplers.Sampler`. `"poisson"` or `"shuffle"`,
             or a sampler instance. Defaults to `"poisson"`.
-        sampling: deprecated alias of `sampler` (warns; passing both
-            raises `ValueError`). Defaults to `None`.
 
     Returns:
         A `dp_accounting.DpEvent`.
     """
-    sampler = _resolve_sampler(sampler, sampling)
     sigma = validate_noise_multiplier(noise_multiplier)
     steps = validate_steps(steps)
     validate_sampler(sampler)
@@ -460,8 +416,7 @@ def epsilon(
     dataset_size=None,
     batch_size=None,
     accountant="rdp",
-    sampler=_DEFAULT_SAMPLER,
-    sampling=None,
+    sampler="poisson",
 ):
     """Returns the epsilon of `steps` DP-SGD steps at the given `delta`.
 
@@ -489,14 +444,11 @@ def epsilon(
         accountant: str. `"rdp"` or `"pld"`. Defaults to `"rdp"`.
         sampler: str or `tfdp.samplers.Sampler`. `"poisson"` or `"shuffle"`,
             or a sampler instance. Defaults to `"poisson"`.
-        sampling: deprecated alias of `sampler` (warns; passing both
-            raises `ValueError`). Defaults to `None`.
 
     Returns:
         Epsilon as a float: `0.0` when `steps == 0`, `inf` when
         `noise_multiplier == 0` (and `steps > 0`).
     """
-    sampler = _resolve_sampler(sampler, sampling)
     sigma, steps, delta, q, n, b = _validate_all(
         noise_multiplier,
         steps,
@@ -520,8 +472,7 @@ def epsilon_table(
     dataset_size=None,
     batch_size=None,
     accountant="rdp",
-    sampler=_DEFAULT_SAMPLER,
-    sampling=None,
+    sampler="poisson",
 ):
     """Returns epsilon at several deltas, as in the paper's Appendix I.
 
@@ -537,15 +488,12 @@ def epsilon_table(
         accountant: str. `"rdp"`, `"pld"` or `"both"`. Defaults to `"rdp"`.
         sampler: str or `tfdp.samplers.Sampler`. `"poisson"` or `"shuffle"`,
             or a sampler instance. Defaults to `"poisson"`.
-        sampling: deprecated alias of `sampler` (warns; passing both
-            raises `ValueError`). Defaults to `None`.
 
     Returns:
         A list with one dict per delta, with keys `delta`,
         `epsilon_rdp` and/or `epsilon_pld`, `noise_multiplier`,
         `sampling_rate`, `steps` and `sampler`.
     """
-    sampler = _resolve_sampler(sampler, sampling)
     if accountant == "both":
         accountants = ACCOUNTANTS
     else:

@@ -39,8 +39,7 @@ def calibrate_noise(
     dataset_size=None,
     batch_size=None,
     accountant="rdp",
-    sampler=accounting._DEFAULT_SAMPLER,
-    sampling=None,
+    sampler="poisson",
     tolerance=1e-3,
 ):
     """Returns the smallest noise multiplier whose epsilon meets a target.
@@ -76,15 +75,12 @@ def calibrate_noise(
         sampler: str or `tfdp.samplers.Sampler`. `"poisson"` or
             `"shuffle"`, or a sampler instance (see `tfdp.privacy.epsilon`).
             Defaults to `"poisson"`.
-        sampling: deprecated alias of `sampler` (warns; passing both
-            raises `ValueError`). Defaults to `None`.
         tolerance: float. Relative precision of the returned `sigma`, in
             `(0, 1)`. Defaults to `1e-3`.
 
     Returns:
         The noise multiplier, a float.
     """
-    sampler = accounting._resolve_sampler(sampler, sampling)
     target = _validate_target(target_epsilon)
     if not accounting._is_real(tolerance) or not 0 < tolerance < 1:
         raise ValueError(
@@ -240,8 +236,7 @@ def max_steps_within(
     dataset_size=None,
     batch_size=None,
     accountant="rdp",
-    sampler=accounting._DEFAULT_SAMPLER,
-    sampling=None,
+    sampler="poisson",
 ):
     """Returns the largest step count whose epsilon is `<= target_epsilon`.
 
@@ -259,13 +254,10 @@ def max_steps_within(
         accountant: str. `"rdp"` or `"pld"`. Defaults to `"rdp"`.
         sampler: str or `tfdp.samplers.Sampler`. `"poisson"` or
             `"shuffle"`, or a sampler instance. Defaults to `"poisson"`.
-        sampling: deprecated alias of `sampler` (warns; passing both
-            raises `ValueError`). Defaults to `None`.
 
     Returns:
         The number of steps, an int.
     """
-    sampler = accounting._resolve_sampler(sampler, sampling)
     target = _validate_budget(target_epsilon)
     sigma, _, delta, q, n, b = accounting._validate_all(
         noise_multiplier,

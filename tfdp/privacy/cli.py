@@ -67,22 +67,6 @@ def _finite_float(text):
     return value
 
 
-class _DeprecatedAlias(argparse.Action):
-    """Stores like `replacement` and notes that the old flag was used."""
-
-    def __init__(self, option_strings, dest, replacement, **kwargs):
-        super().__init__(option_strings, dest, **kwargs)
-        self.replacement = replacement
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        setattr(namespace, self.dest, values)
-        notes = getattr(namespace, "deprecation_notes", [])
-        notes.append(
-            f"{option_string} is deprecated; use {self.replacement} instead."
-        )
-        namespace.deprecation_notes = notes
-
-
 def build_parser():
     parser = _Parser(
         prog="python -m tfdp.privacy",
@@ -120,19 +104,8 @@ def build_parser():
     parser.add_argument(
         "--accountant", choices=("rdp", "pld", "both"), default="rdp"
     )
-    sampler_flag = parser.add_mutually_exclusive_group()
-    sampler_flag.add_argument(
+    parser.add_argument(
         "--sampler", choices=accounting.SAMPLERS, default="poisson"
-    )
-    # --sampling, the flag's deprecated name: it still works (with a warning
-    # on stderr), is hidden from --help, and may not be combined with --sampler.
-    sampler_flag.add_argument(
-        "--sampling",
-        dest="sampler",
-        choices=accounting.SAMPLERS,
-        action=_DeprecatedAlias,
-        replacement="--sampler",
-        help=argparse.SUPPRESS,
     )
     parser.add_argument(
         "--tolerance",
@@ -288,8 +261,6 @@ def main(argv=None, stdout=None, stderr=None):
         message = " ".join(str(e).split())
         print(f"error: {message}", file=stderr)
         return 2
-    for note in getattr(args, "deprecation_notes", []):
-        print(f"warning: {note}", file=stderr)
     seen = []
     for w in caught:
         text = str(w.message)
