@@ -9,7 +9,6 @@ same workdir resumes from the last checkpoint.
 """
 
 import contextlib
-import importlib
 import math
 import os
 import re
@@ -793,32 +792,6 @@ def _quiet_startup_noise():
     warnings.formatwarning = lambda message, category, *args, **kwargs: f"warning: {message}\n"
 
 
-# Imported by `import keras` for helpers training never calls: the plots of
-# `keras.visualization` and the notebook display of `keras.saving`. They took
-# about 0.7 s of the default run's 4 s of imports.
-_UNUSED_KERAS_IMPORTS = ("matplotlib", "IPython")
-
-
-def _import_keras_without_plotting():
-    """Imports Keras as if matplotlib and IPython were not installed.
-
-    Only Keras's own import is affected: its plotting and notebook helpers
-    then report the package missing, and a later `import matplotlib` works as
-    usual. Does nothing once Keras is imported.
-    """
-    if "keras" in sys.modules:
-        return
-    hidden = [name for name in _UNUSED_KERAS_IMPORTS if name not in sys.modules]
-    for name in hidden:
-        sys.modules[name] = None  # `import name` then raises ImportError.
-    try:
-        importlib.import_module("keras")
-    finally:
-        for name in hidden:
-            if sys.modules.get(name, False) is None:
-                del sys.modules[name]
-
-
 def default_workdir(gin_files, gin_params):
     """`workdir/<last gin file's stem>[-<the bindings, shortened>]`.
 
@@ -847,7 +820,6 @@ def main(argv):
     from tfdp import tensorflow_startup
 
     tensorflow_startup.import_tensorflow()
-    _import_keras_without_plotting()
     from tfdp import config
 
     absl_logging.set_verbosity(absl_logging.WARNING)
@@ -888,36 +860,6 @@ def _remove_unused_workdir(workdir):
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _exit_promptly(code):
-    """Ends the process without Python's teardown of every imported module.
-
-    After the `final:` line, the interpreter's finalisation of the modules
-    TensorFlow and Keras import (gdb: `finalize_modules`, deleting their
-    functions and types one by one) took 1.4 s of the default run. By then
-    every output is written (checkpoints, summary, TensorBoard flushed); the
-    `atexit` handlers still run and the streams are flushed. Where another
-    Python thread is still alive it is left to the ordinary exit, which
-    joins it.
-
-    Args:
-        code: the `SystemExit` code (None, an int or a message).
-    """
-    import atexit
-    import threading
-
-    if threading.active_count() > 1:
-        sys.exit(code)
-    if code is None:
-        code = 0
-    elif not isinstance(code, int):
-        print(code, file=sys.stderr)
-        code = 1
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 _HELP_FLAGS = ("--help", "-help", "-h", "--helpshort", "-?")
 _FLAG_PARAMETERS = ("workdir", "seed", "strategy_name", "dry_run")
 
@@ -946,8 +888,7 @@ def _print_help():
     """`--help`: the usage, the flags and the `train.*` bindings; exit code 0."""
     print(__doc__.rstrip())
     print("\nflags:\n")
-    print(flags.FLAGS.module_help(sys.modules[__name__]) or
-          flags.FLAGS.module_help(__name__))
+    print(flags.FLAGS.module_help(sys.modules[__name__]))
     print("\ngin bindings (--gin_param='train.NAME = VALUE'; full text: "
           "help(tfdp.train.train)):\n")
     print(bindings_help())
@@ -959,7 +900,4 @@ if __name__ == "__main__":
     if any(arg in _HELP_FLAGS for arg in sys.argv[1:]):
         _print_help()
         sys.exit(0)
-    try:
-        app.run(main)
-    except SystemExit as e:
-        _exit_promptly(e.code)
+    app.run(main)
