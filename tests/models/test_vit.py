@@ -49,18 +49,12 @@ class VitTest(ModelTestCase):
         with self.assertRaisesRegex(ValueError, "must divide `width`"):
             models.vit(10, (32, 32, 3), width=30, depth=1, num_heads=4)
 
-    def test_private_clipping_is_bounded_and_matches_naive(self):
+    def test_private_clipping_is_bounded(self):
         model = _tiny_vit(layer_scale=0.5)
-        x = self.random_inputs(model, batch_size=4)
-        y = np.arange(4) % 10
-        figures = dp.check_sensitivity(model, _xent, (x, y), 1e-2, ["bk", "mixed"])
-        for method, figure in figures.items():
-            self.assertLessEqual(figure, 1 + 1e-4, method)
-            self.assertGreater(figure, 0.5, method)  # Every example is clipped at this C.
-        naive, _ = dp.clipped_grad_sum(model, _xent, x, y, l2_norm_clip=1e-2, method="naive")
-        bk, _ = dp.clipped_grad_sum(model, _xent, x, y, l2_norm_clip=1e-2, method="bk")
-        for a, b in zip(naive, bk):
-            self.assertAllClose(a, b, rtol=1e-4, atol=1e-7)
+        x = self.random_inputs(model, batch_size=3)
+        figure = dp.check_sensitivity(model, _xent, (x, np.arange(3)), 1e-2, "bk")
+        self.assertLessEqual(figure, 1 + 1e-4)
+        self.assertGreater(figure, 0.5)  # Every example is clipped at this C.
         plan = dp.plan(model, (32, 32, 3), 4, method="bk")
         # Every trainable weight is on some rule (the attention's projections are
         # the sublayers of `MultiHeadAttention`).

@@ -28,7 +28,10 @@ from tfdp.models.sub_blocks import SUB_BLOCKS
 from tfdp.models.sub_blocks import sub_block_layers
 from tfdp.models.transfer import FREEZABLE_SUB_BLOCKS
 from tfdp.models.transfer import freeze_sub_blocks
+from tfdp.models.transfer import freeze_unclippable
+from tfdp.models.transfer import load_pretrained
 from tfdp.models.transfer import load_weights_matching
+from tfdp.models.transfer import pretrained
 from tfdp.models.transfer import replace_head
 from tfdp.models.vgg_cifar import vgg_cifar
 from tfdp.models.vit import vit
@@ -56,9 +59,12 @@ __all__ = [
     "find_batchnorm",
     "freeze_batchnorm",
     "freeze_sub_blocks",
+    "freeze_unclippable",
     "keras_application",
+    "load_pretrained",
     "load_weights_matching",
     "mobilenet_v2",
+    "pretrained",
     "replace_batchnorm",
     "replace_head",
     "resnet101",

@@ -11,6 +11,7 @@ import gin
 import keras
 
 from tfdp.models import _layers
+from tfdp.models.find_batchnorm import find_batchnorm
 from tfdp.models.replace_batchnorm import replace_batchnorm
 
 # tfdp's name -> the `keras.applications` constructor.
@@ -21,7 +22,7 @@ APPLICATIONS = {
     "mobilenet_v2": "MobileNetV2",
     "resnet50_keras": "ResNet50",
 }
-BATCHNORM_CHOICES = ("group_norm", "freeze")
+BATCHNORM_CHOICES = ("group_norm", "freeze", "keep")
 
 
 @gin.configurable(module="tfdp.models")
@@ -50,21 +51,28 @@ def freeze_batchnorm(model):
 
 
 def prepare_batchnorm(model, batchnorm, groups):
-    """Replaces (`"group_norm"`) or freezes (`"freeze"`) the BatchNorm of `model`.
+    """Replaces (`"group_norm"`), freezes (`"freeze"`) or keeps the BatchNorm of `model`.
 
     Args:
         model: keras.Model. A Functional or Sequential model.
-        batchnorm: str. One of `BATCHNORM_CHOICES`.
+        batchnorm: str. One of `BATCHNORM_CHOICES`. `"keep"` leaves a
+            trainable BatchNorm, which the DP engine refuses: it is for
+            loading weights before the conversion.
         groups: int. GroupNorm groups, per layer `gcd(groups, channels)`.
 
     Returns:
-        `(model, frozen)`: the model (a new one for `"group_norm"`, `model`
-        itself for `"freeze"`) and the names of the frozen BatchNorm layers.
+        `(model, frozen)`: the model (a new one for `"group_norm"` where
+        there is BatchNorm, else `model` itself) and the names of the frozen
+        BatchNorm layers.
     """
     if batchnorm == "group_norm":
+        if not find_batchnorm(model):
+            return model, []
         return replace_batchnorm(model, groups=groups), []
     if batchnorm == "freeze":
         return model, freeze_batchnorm(model)
+    if batchnorm == "keep":
+        return model, []
     raise ValueError(
         f"`batchnorm` must be one of {BATCHNORM_CHOICES}. Received: batchnorm={batchnorm!r}"
     )
@@ -104,7 +112,9 @@ def keras_application(
         batchnorm: str. `"group_norm"` replaces every BatchNorm by GroupNorm
             with fresh γ = 1, β = 0 (`replace_batchnorm`); `"freeze"` keeps
             BatchNorm in inference mode with its loaded statistics
-            (`freeze_batchnorm`). Defaults to `"group_norm"`.
+            (`freeze_batchnorm`); `"keep"` leaves it trainable, which the
+            DP engine refuses (for loading weights before converting).
+            Defaults to `"group_norm"`.
         groups: int. GroupNorm groups for `"group_norm"`. Defaults to `16`,
             as in Bu et al. 2022.
         name: str or None. Model name. Defaults to `architecture`.

@@ -8,9 +8,14 @@ so `k=4` freezes the stem and block groups 1-3 while block group 4, the final
 GroupNorm (`head_norm`) and `head_dense` train.
 """
 
+import logging
+import os
+
 import gin
 import keras
 
+from tfdp.models.applications import keras_application
+from tfdp.models.applications import prepare_batchnorm
 from tfdp.models.sub_blocks import SUB_BLOCKS
 from tfdp.models.sub_blocks import sub_block_layers
 
@@ -18,7 +23,7 @@ FREEZABLE_SUB_BLOCKS = SUB_BLOCKS[:5]
 
 
 @gin.configurable(module="tfdp.models")
-def replace_head(model, num_classes, layer_name="head_dense"):
+def replace_head(model, num_classes, layer_name="head_dense", logits=False):
     """Returns a model sharing every layer of `model` but a fresh classifier.
 
     The new `Dense(num_classes)` is built from the old one's config (same
@@ -33,6 +38,9 @@ def replace_head(model, num_classes, layer_name="head_dense"):
         num_classes: int. Number of logits of the new head.
         layer_name: str. Name of the classifier layer. Defaults to
             `"head_dense"`.
+        logits: bool. Give the new head no activation, whatever the old one
+            had (e.g. the softmax of a `keras.applications` top), since
+            tfdp's losses take logits. Defaults to `False`.
 
     Returns:
         A new Functional `keras.Model` with the same inputs and name.
@@ -60,6 +68,8 @@ def replace_head(model, num_classes, layer_name="head_dense"):
         )
     config = old.get_config()
     config["units"] = num_classes
+    if logits:
+        config["activation"] = "linear"
     head = keras.layers.Dense.from_config(config)
     outputs = head(old.input)
     # Pass a lone input as a tensor, not a list, so the new model accepts
@@ -195,3 +205,278 @@ def load_weights_matching(model, checkpoint_path_or_model, skip=("head_dense",))
     for _, layer, src in pairs:
         layer.set_weights(src.get_weights())
     return [path for path, _, _ in pairs]
+
+
+def _layers_with_paths(model, path=""):
+    # Every layer under `model` (composite layers' sublayers too), with its
+    # `/`-joined path: the sublayers of different attention blocks share names.
+    for layer in model._flatten_layers(include_self=False, recursive=False):
+        layer_path = f"{path}/{layer.name}" if path else layer.name
+        yield layer_path, layer
+        yield from _layers_with_paths(layer, layer_path)
+
+
+@gin.configurable(module="tfdp.models")
+def freeze_unclippable(model, freeze_rules=()):
+    """Freezes the layers whose weights the per-layer clipping cannot see.
+
+    It asks the DP engine, on the model's declared input:
+    - which trainable variables are read by a layer other than their owner
+      (tied weights; `tfdp.dp.model_probe`): the tapped methods refuse
+      them, so their owners are frozen;
+    - which trainable variables no leaf layer owns
+      (`tfdp.dp.clipping.uncovered_variables`): those variables are frozen;
+    - with `freeze_rules`, which layers the registry gives one of those
+      rules (`tfdp.dp.rules.rule_for`), e.g. `("generic",)` for every layer
+      clipped only through per-example VJPs, as Bu et al. 2022 froze the
+      modules their engine did not support.
+
+    A layer that mixes examples cannot be made private by freezing (its
+    outputs carry other examples' data into every later layer), so it is an
+    error here as in training.
+
+    Args:
+        model: keras.Model. A built model with a declared input; no
+            trainable BatchNorm (`replace_batchnorm` or `freeze_batchnorm`
+            first).
+        freeze_rules: tuple of str. Rule names (`dp.plan`'s "kind") whose
+            layers are frozen too. Defaults to `()`.
+
+    Returns:
+        list of str: what was frozen, each as `"path (reason)"`.
+
+    Raises:
+        ValueError: if a layer mixes examples, or the model has a trainable
+            BatchNorm.
+    """
+    # tfdp.dp imports tfdp.models' GroupNormalization, so it is imported here,
+    # where the engine is asked, not when tfdp.models loads.
+    from tfdp.dp import clipping
+    from tfdp.dp import layer_taps
+    from tfdp.dp import model_probe
+    from tfdp.dp import rules
+
+    frozen = []
+    by_name = {}
+    for path, layer in _layers_with_paths(model):
+        by_name.setdefault(layer.name, []).append((path, layer))
+    report = model_probe.probe(model)
+    if report is not None:
+        report.refuse_mixing()
+        for read in report.foreign_reads:
+            for path, layer in by_name.get(read.owner, ()):
+                if layer.trainable:
+                    layer.trainable = False
+                    frozen.append(f"{path} (variable {read.variable} read by '{read.reader}')")
+    for variable in clipping.uncovered_variables(model):
+        variable.trainable = False
+        frozen.append(f"{variable.path} (owned by no leaf layer)")
+    if freeze_rules:
+        for path, layer in _layers_with_paths(model):
+            if not layer_taps.own_trainable_variables(layer):
+                continue
+            rule = rules.rule_for(layer).name
+            if rule in freeze_rules:
+                layer.trainable = False
+                frozen.append(f"{path} (rule {rule!r})")
+    return frozen
+
+
+def _output_layer(model):
+    for layer in model.layers:
+        try:
+            if layer.output is model.outputs[0]:
+                return layer
+        except (AttributeError, ValueError):  # Layers called more than once.
+            continue
+    return None
+
+
+def _check_weights_file(weights):
+    if weights is None or weights == "imagenet":
+        return
+    path = str(weights)
+    if not os.path.exists(path):
+        raise ValueError(
+            f"Pretrained weights file not found: {path!r}. Put the file at that path "
+            "(a `.keras` model, a `.weights.h5` file saved with `model.save_weights`, "
+            "or a keras.applications weights file of the backbone without its top), "
+            "or pass weights='imagenet' to let Keras download its ImageNet weights. "
+            f"Received: weights={weights!r}"
+        )
+
+
+@gin.configurable(module="tfdp.models")
+def load_pretrained(
+    num_classes=1000,
+    input_shape=(224, 224, 3),
+    *,
+    weights=None,
+    architecture=None,
+    application_kwargs=None,
+    model_fn=None,
+    source_num_classes=None,
+    batchnorm="group_norm",
+    groups=16,
+    head="head_dense",
+    frozen_sub_blocks=0,
+    freeze_layers=(),
+    freeze_rules=(),
+):
+    """Builds a model from pretrained weights, ready for private fine-tuning.
+
+    Bu et al. 2022 (Appendix D) fine-tune ImageNet-pretrained models with
+    BatchNorm replaced by GroupNorm and the modules their engine cannot clip
+    frozen; Kurakin et al. 2022 fine-tune a Places365-pretrained ResNet-18
+    on ImageNet with a new head and 3 frozen block groups. Here:
+
+    1. The weights are loaded, by one of three routes:
+       - `architecture` (a `keras_application` name): `weights` goes to
+         the `keras.applications` constructor: `"imagenet"` (Keras
+         downloads it as usual) or a local weights file of the backbone
+         without its top. The head is new.
+       - `model_fn` (any tfdp builder, e.g. `vit_s16`): a `.keras` file is
+         matched layer by layer by name, all but the heads
+         (`load_weights_matching`); a `.weights.h5` file is loaded into
+         `model_fn(num_classes=source_num_classes)` (same architecture),
+         whose head is then replaced.
+       - neither: `weights` is a `.keras` model, loaded whole; the layer
+         producing its output, a `Dense`, becomes the new head.
+    2. BatchNorm is replaced by GroupNorm or frozen (`batchnorm`); it is
+       replaced after loading, so every other layer keeps its weights.
+    3. The head gets `num_classes` logits, a fresh draw of its initialiser.
+    4. Frozen: the first `frozen_sub_blocks` of the tfdp ResNets'
+       sub-blocks, the layers named in `freeze_layers`, and what the engine
+       cannot clip (`freeze_unclippable`, with `freeze_rules`).
+
+    Args:
+        num_classes: int. Logits of the new head. Defaults to `1000`.
+        input_shape: tuple. `(height, width, channels)`. Defaults to
+            `(224, 224, 3)`. Ignored for a whole `.keras` model, which has
+            its own.
+        weights: str or None. `"imagenet"` (with `architecture` only), or a
+            path to a local file. `None` builds a randomly initialised
+            model. Defaults to `None`.
+        architecture: str or None. A `keras_application` architecture.
+            Defaults to `None`.
+        application_kwargs: dict or None. More arguments of
+            `keras_application` (e.g. `{"alpha": 0.35}`). Defaults to `None`.
+        model_fn: callable or None. `(num_classes=, input_shape=) ->
+            keras.Model`, a tfdp builder. Defaults to `None`.
+        source_num_classes: int or None. The head size of the model saved
+            in a `.weights.h5` file. Defaults to `num_classes`.
+        batchnorm: str. `"group_norm"` (fresh GroupNorm with `groups`
+            groups) or `"freeze"` (inference mode, loaded statistics).
+            Defaults to `"group_norm"`.
+        groups: int. GroupNorm groups. Defaults to `16`.
+        head: str. Name of the head of `model_fn`'s models. Defaults to
+            `"head_dense"`.
+        frozen_sub_blocks: int. `k` of `freeze_sub_blocks(model, k)`; only
+            for models named like the tfdp ResNets. Defaults to `0`.
+        freeze_layers: tuple of str. Names of more layers to freeze.
+            Defaults to `()`.
+        freeze_rules: tuple of str. See `freeze_unclippable`. Defaults to
+            `()`.
+
+    Returns:
+        `(model, frozen)`: the model, and what was frozen, each entry
+        `"name (reason)"`.
+
+    Raises:
+        ValueError: for a missing weights file (saying where to put it), a
+            route that does not fit the arguments, or weights that do not
+            fit the model.
+    """
+    if batchnorm not in ("group_norm", "freeze"):
+        raise ValueError(
+            "`batchnorm` must be 'group_norm' or 'freeze': the DP engine refuses a "
+            f"trainable BatchNorm. Received: batchnorm={batchnorm!r}"
+        )
+    if architecture is not None and model_fn is not None:
+        raise ValueError(
+            "Pass `architecture` (a keras.applications backbone) or `model_fn`, not both. "
+            f"Received: architecture={architecture!r}, model_fn={model_fn!r}"
+        )
+    _check_weights_file(weights)
+    path = None if weights in (None, "imagenet") else str(weights)
+    if weights == "imagenet" and architecture is None:
+        raise ValueError(
+            "weights='imagenet' needs a keras.applications `architecture`. "
+            f"Received: architecture=None, model_fn={model_fn!r}"
+        )
+    shape = tuple(input_shape)
+    new_head = True  # Whether the head is still the source's, to be replaced.
+    if architecture is not None:
+        if path is not None and path.endswith(".keras"):
+            model = keras_application(architecture, num_classes, shape, batchnorm="keep",
+                                      **(application_kwargs or {}))
+            source = keras.models.load_model(path, compile=False)
+            source_head = _output_layer(source)
+            load_weights_matching(
+                model, source, skip=("head_dense",) + ((source_head.name,) if source_head else ()))
+        else:
+            model = keras_application(architecture, num_classes, shape, weights=weights,
+                                      batchnorm="keep", **(application_kwargs or {}))
+        head, new_head = "head_dense", False
+    elif model_fn is not None:
+        if path is not None and path.endswith(".weights.h5"):
+            model = model_fn(num_classes=source_num_classes or num_classes, input_shape=shape)
+            model.load_weights(path)
+        else:
+            model, new_head = model_fn(num_classes=num_classes, input_shape=shape), False
+            if path is not None:
+                load_weights_matching(model, path, skip=(head,))
+    elif path is not None and path.endswith(".keras"):
+        model = keras.models.load_model(path, compile=False)
+        source_head = _output_layer(model)
+        if not isinstance(source_head, keras.layers.Dense):
+            raise ValueError(
+                "The model in the `.keras` file must end in a Dense head to be replaced. "
+                f"Received: weights={weights!r}, output layer "
+                f"{getattr(source_head, 'name', None)!r}"
+            )
+        head = source_head.name
+    else:
+        raise ValueError(
+            "Pass `architecture` or `model_fn`, or `weights` as a `.keras` model file. "
+            f"Received: weights={weights!r}, architecture=None, model_fn=None"
+        )
+    model, frozen_bn = prepare_batchnorm(model, batchnorm, groups)
+    frozen = [f"{name} (BatchNorm in inference mode)" for name in frozen_bn]
+    if new_head:
+        model = replace_head(model, num_classes, layer_name=head, logits=True)
+    if frozen_sub_blocks:
+        freeze_sub_blocks(model, frozen_sub_blocks)
+        for sub_block in SUB_BLOCKS[:frozen_sub_blocks]:
+            frozen += [f"{l.name} (sub-block {sub_block})"
+                       for l in sub_block_layers(model, sub_block)]
+    for name in freeze_layers:
+        model.get_layer(name).trainable = False
+        frozen.append(f"{name} (freeze_layers)")
+    frozen += freeze_unclippable(model, freeze_rules)
+    return model, frozen
+
+
+@gin.configurable(module="tfdp.models")
+def pretrained(num_classes=1000, input_shape=(224, 224, 3), **kwargs):
+    """`load_pretrained`'s model, for `train.model_fn`; logs what was frozen.
+
+    Bind `load_pretrained`'s arguments in gin (`gin/models/pretrained.gin`):
+        train.model_fn = @tfdp.models.pretrained
+        load_pretrained.architecture = 'mobilenet_v2'
+        load_pretrained.weights = '/data/weights/mobilenet_v2_notop.weights.h5'
+
+    Args:
+        num_classes: int. Logits of the new head. Defaults to `1000`.
+        input_shape: tuple. `(height, width, channels)`. Defaults to
+            `(224, 224, 3)`.
+        **kwargs: Keyword arguments of `load_pretrained`, beside its gin
+            bindings.
+
+    Returns:
+        The `keras.Model`.
+    """
+    model, frozen = load_pretrained(num_classes, input_shape, **kwargs)
+    logging.warning("tfdp: fine-tuning %s; frozen: %s", model.name,
+                    "; ".join(frozen) if frozen else "nothing")
+    return model
