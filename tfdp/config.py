@@ -2,15 +2,28 @@
 
 `gin.tf` imports modules removed from TF, so Keras objects are registered here
 with `gin.external_configurable`.
+
+Where files are found (docs/DATA.md, "Gin files"):
+- a file named on the command line (`--gin_file`) as given, else in tfdp's
+  gin directory;
+- an `include` inside a gin file in tfdp's gin directory first, then beside
+  the file that includes it. The working directory is never searched, so a
+  run behaves the same from any directory.
+
+tfdp's gin directory is `gin/` of the checkout that holds the `tfdp`
+package (an editable install, `pip install -e .`, keeps it there).
 """
 
 import os
 import pathlib
+import re
 
 import gin
 import keras
 
-REPO_GIN_DIR = pathlib.Path(__file__).resolve().parent.parent / "gin"
+GIN_DIR = pathlib.Path(__file__).resolve().parent.parent / "gin"
+# An include is a line of its own: `include 'path/to/file.gin'`.
+_INCLUDE = re.compile(r"""^[ \t]*include[ \t]+(['"])(?P<path>[^'"]+)\1[ \t]*(#.*)?$""")
 _registered = False
 
 
@@ -29,28 +42,112 @@ def register_configurables():
 
 
 def resolve_gin_file(path):
-    """Finds a gin file as given, or relative to the repository's gin/ dir."""
-    candidates = [pathlib.Path(path), REPO_GIN_DIR / path, REPO_GIN_DIR.parent / path]
+    """Finds a gin file named on the command line: as given, else in tfdp's gin dir.
+
+    Args:
+        path: str. A path, absolute or relative to the working directory, or
+            relative to tfdp's gin directory (`"mnist_default.gin"`) or to
+            the checkout (`"gin/mnist_default.gin"`).
+
+    Returns:
+        The path of the file, as a str.
+
+    Raises:
+        ValueError: when no such file exists.
+    """
+    candidates = [pathlib.Path(path), GIN_DIR / path, GIN_DIR.parent / path]
     for candidate in candidates:
         if candidate.is_file():
             return str(candidate)
-    raise ValueError(f"Gin file not found. Received: gin_file={path!r}")
+    raise ValueError(
+        f"Gin file not found (looked as given and in {GIN_DIR}). Received: gin_file={path!r}"
+    )
+
+
+def resolve_include(path, including_file):
+    """Finds the file of an `include` statement: tfdp's gin dir, then beside the includer.
+
+    Args:
+        path: str. The path written in the `include` statement.
+        including_file: str. The gin file that holds the statement.
+
+    Returns:
+        The path of the included file, as a str.
+
+    Raises:
+        ValueError: naming the statement and where it was looked for.
+    """
+    if os.path.isabs(path):
+        candidates = [pathlib.Path(path)]
+    else:
+        candidates = [GIN_DIR / path, pathlib.Path(including_file).resolve().parent / path]
+    for candidate in candidates:
+        if candidate.is_file():
+            return str(candidate)
+    raise ValueError(
+        f"Gin include not found in {including_file}: looked in "
+        f"{', '.join(str(c) for c in candidates)}. Received: include {path!r}"
+    )
+
+
+def _bad_configuration(error, where):
+    message = " ".join(str(error).split())
+    return ValueError(f"Bad gin configuration in {where}: {message}")
+
+
+def _parse_file(path, stack=()):
+    """Parses one gin file, its includes resolved by `resolve_include`.
+
+    gin's own include lookup starts in the working directory and treats the
+    include's folder as a Python package, which fails when the working
+    directory holds a folder of that name. So each include is resolved
+    here and its file parsed in place; the text between includes goes to gin
+    with its line numbers kept, so gin's messages point at the right lines.
+    """
+    path = str(pathlib.Path(path).resolve())
+    if path in stack:
+        raise ValueError(f"Gin files include each other in a cycle. Received: "
+                         f"{' -> '.join(stack + (path,))}")
+    with open(path) as f:
+        lines = f.read().splitlines()
+    start = 0
+
+    def parse_lines(stop):
+        text = "\n" * start + "\n".join(lines[start:stop])
+        if text.strip():
+            try:
+                gin.parse_config(text)
+            except (ValueError, KeyError, SyntaxError, IOError) as e:
+                raise _bad_configuration(e, path) from None
+
+    for number, line in enumerate(lines):
+        match = _INCLUDE.match(line)
+        if match is None:
+            continue
+        parse_lines(number)
+        _parse_file(resolve_include(match["path"], path), stack + (path,))
+        start = number + 1
+    parse_lines(len(lines))
 
 
 def parse(gin_files, gin_params):
     """Parses files in order (later override earlier), then bindings.
 
+    Args:
+        gin_files: list of str. Files, found by `resolve_gin_file`; their
+            includes by `resolve_include`.
+        gin_params: list of str. Bindings, applied after the files.
+
     Raises:
-        ValueError: with a one-line message naming the bad file or binding.
+        ValueError: with a one-line message naming the bad file, include or
+            binding.
     """
     register_configurables()
     gin.clear_config()
-    gin.add_config_file_search_path(str(REPO_GIN_DIR))
-    gin.add_config_file_search_path(str(REPO_GIN_DIR.parent))
-    gin.add_config_file_search_path(os.getcwd())
     files = [resolve_gin_file(f) for f in gin_files]
+    for path in files:
+        _parse_file(path)
     try:
-        gin.parse_config_files_and_bindings(files, gin_params, finalize_config=False)
+        gin.parse_config(gin_params)
     except (ValueError, KeyError, SyntaxError, IOError) as e:
-        message = " ".join(str(e).split())
-        raise ValueError(f"Bad gin configuration: {message}") from None
+        raise _bad_configuration(e, "--gin_param") from None

