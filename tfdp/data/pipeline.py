@@ -217,8 +217,8 @@ def _indexed_train_pipeline(
     host, _ = _hosts(input_context)
     p = sampler.physical_batch_size
     # Physical batches per step are at most this many (the step's length is
-    # at most N rounded up to the granule, or P for an empty step).
-    max_chunks = -(-sampler.dataset_size // p) + 1
+    # at most its most rows rounded up to the granule, or P for an empty step).
+    max_chunks = -(-sampler.max_step_rows // p) + 1
 
     def step_elements(step):
         indices, weights = sampler.step_indices(sampling_key, step, host, granule=pad_granule)
@@ -613,10 +613,10 @@ def train_sampler(
     size = source if isinstance(source, int) else len(source)
     num_hosts = _hosts(input_context)[1]
     if isinstance(sampler, samplers.Sampler):
-        if sampler.dataset_size != size:
+        if sampler.num_examples != size:
             raise ValueError(
                 "The sampler was made for another dataset size. Received: "
-                f"sampler dataset_size={sampler.dataset_size}, source size={size}"
+                f"sampler examples={sampler.num_examples}, source size={size}"
             )
         return sampler.with_hosts(num_hosts, physical_batch_size)
     return samplers.make_sampler(

@@ -175,6 +175,15 @@ class PrivacyLedger:
         """The neighbouring relation of `adjacency`, in words."""
         return samplers.sampler_class(self._sampler).adjacency_description
 
+    @property
+    def privacy_unit(self):
+        """What `epsilon()` protects: "example", or "user" (all of one user's data).
+
+        The sampler's (`tfdp.samplers.Sampler.privacy_unit`); with "user",
+        `dataset_size` and `batch_size` count users.
+        """
+        return samplers.sampler_class(self._sampler).privacy_unit
+
     def epsilon_replace_one(self, steps=None):
         """Epsilon under replace-one adjacency, or None where not reported.
 
@@ -242,7 +251,7 @@ class PrivacyLedger:
         """
         return {
             name: (getattr(self, name), getattr(other, name))
-            for name in CONFIGURATION_FIELDS
+            for name in CONFIGURATION_FIELDS + ("privacy_unit",)
             if getattr(self, name) != getattr(other, name)
         }
 

@@ -1,7 +1,8 @@
 """Samplers: how each logical step's examples are drawn, and their DP events.
 
-`make_sampler("poisson" | "shuffle", dataset_size=, logical_batch_size=, ...)`
-returns one. See `tfdp.samplers.base.Sampler` for what every sampler knows.
+`make_sampler("poisson" | "shuffle" | "user_poisson", dataset_size=,
+logical_batch_size=, ...)` returns one. See `tfdp.samplers.base.Sampler` for
+what every sampler knows.
 """
 
 from tfdp.samplers.base import Sampler
@@ -12,11 +13,13 @@ from tfdp.samplers.base import register
 from tfdp.samplers.base import sampler_class
 from tfdp.samplers.poisson import PoissonSampler
 from tfdp.samplers.shuffle import ShuffleSampler
+from tfdp.samplers.user_poisson import UserPoissonSampler
 
 __all__ = [
     "PoissonSampler",
     "Sampler",
     "ShuffleSampler",
+    "UserPoissonSampler",
     "for_accounting",
     "make_sampler",
     "names",

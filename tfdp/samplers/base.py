@@ -47,7 +47,8 @@ def sampler_class(name):
         ) from None
 
 
-def _positive_int(name, value):
+def positive_int(name, value):
+    """`value` as an int, or a clear error unless it is a positive integer."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         if isinstance(value, float) and value.is_integer() and value >= 1:
             return int(value)
@@ -68,6 +69,9 @@ class Sampler(abc.ABC):
     """
 
     name = None
+    # What one ε protects: "example" (one example's presence), or "user"
+    # (everything one user contributed; `dataset_size` then counts users).
+    privacy_unit = "example"
     # True when the DP event uses privacy amplification by sampling, which
     # needs batches drawn at random with a key the adversary does not know.
     amplified = False
@@ -77,12 +81,12 @@ class Sampler(abc.ABC):
     fixed_size_steps = False
 
     def __init__(self, dataset_size, logical_batch_size, physical_batch_size=None, num_hosts=1):
-        self.dataset_size = _positive_int("dataset_size", dataset_size)
-        self.logical_batch_size = _positive_int("logical_batch_size", logical_batch_size)
-        self.num_hosts = _positive_int("num_hosts", num_hosts)
+        self.dataset_size = positive_int("dataset_size", dataset_size)
+        self.logical_batch_size = positive_int("logical_batch_size", logical_batch_size)
+        self.num_hosts = positive_int("num_hosts", num_hosts)
         if physical_batch_size is None:
             physical_batch_size = max(self.logical_batch_size // self.num_hosts, 1)
-        self.physical_batch_size = _positive_int("physical_batch_size", physical_batch_size)
+        self.physical_batch_size = positive_int("physical_batch_size", physical_batch_size)
         if self.logical_batch_size > self.dataset_size:
             raise ValueError(
                 "`logical_batch_size` must not exceed the dataset size. Received: "
@@ -123,6 +127,21 @@ class Sampler(abc.ABC):
             if isinstance(per_epoch, float) else per_epoch
         )
         return max(1, math.ceil(exact))
+
+    @property
+    def num_examples(self):
+        """The examples of the source it draws from: N for example-level samplers."""
+        return self.dataset_size
+
+    @property
+    def max_step_rows(self):
+        """The most rows (real examples) one step can hold, over all hosts."""
+        return self.dataset_size
+
+    @property
+    def group_size(self):
+        """Rows of one privacy unit in a batch, clipped as one group: 1 per example."""
+        return 1
 
     @property
     def physical_batches_per_step(self):
@@ -234,18 +253,20 @@ class Sampler(abc.ABC):
 
 
 def make_sampler(sampler, *, dataset_size, logical_batch_size, physical_batch_size=None,
-                 num_hosts=1):
+                 num_hosts=1, **options):
     """A `Sampler` from a registered name (or a `Sampler`, returned as is).
 
     Args:
         sampler: str or `Sampler`. E.g. "poisson" or "shuffle".
         dataset_size, logical_batch_size, physical_batch_size, num_hosts:
             see `Sampler`.
+        **options: the sampler's own keyword arguments (e.g. `user_ids`
+            and `max_examples_per_user` of "user_poisson").
     """
     if isinstance(sampler, Sampler):
         return sampler
     return sampler_class(sampler)(
-        dataset_size, logical_batch_size, physical_batch_size, num_hosts
+        dataset_size, logical_batch_size, physical_batch_size, num_hosts, **options
     )
 
 
