@@ -194,7 +194,12 @@ class NonDpStatisticsTest(tf.test.TestCase):
             summary = json.load(f)
         self.assertIn("train_accuracy", summary["not_covered_by_epsilon"])
         self.assertNotIn("train_accuracy", summary)
+        # The default (Poisson) route: add/remove-one, no replace-one figure.
+        self.assertEqual(summary["adjacency"], "add_or_remove_one")
+        self.assertIsNone(summary["epsilon_replace_one"])
+        self.assertIn("add_or_remove_one adjacency", result.stdout)
         tags = self._tags(workdir)
+        self.assertIn("privacy/adjacency", tags)
         self.assertIn("non_dp/train_accuracy", tags)
         self.assertIn("non_dp/clipped_fraction", tags)
         self.assertIn("test/accuracy", tags)
@@ -212,6 +217,30 @@ class NonDpStatisticsTest(tf.test.TestCase):
             self.assertNotIn("not_covered_by_epsilon", json.load(f))
         self.assertEqual({t for t in self._tags(workdir) if t.startswith("non_dp/")}, set())
         self.assertIsNotNone(FINAL.search(result.stdout))
+
+
+class RelationTest(tf.test.TestCase):
+    """The shuffle route prints zero-out adjacency and the replace-one ε."""
+
+    def test_shuffle_run_states_zero_out_and_replace_one(self):
+        workdir = self.create_tempdir().full_path
+        result = run_train(*TINY, "--gin_param=train.export_model = False",
+                           "--gin_param=train.sampler = 'shuffle'",
+                           "--gin_param=train.report_non_dp_statistics = False", workdir=workdir)
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        with open(os.path.join(workdir, "summary.json")) as f:
+            summary = json.load(f)
+        self.assertEqual(summary["adjacency"], "zero_out")
+        self.assertGreater(summary["epsilon_replace_one"], summary["epsilon"])
+        self.assertIn("zero_out", summary["privacy_guarantee"])
+        epoch_lines = [line for line in result.stdout.splitlines() if line.startswith("epoch ")]
+        self.assertNotEmpty(epoch_lines)
+        for line in epoch_lines + [line for line in result.stdout.splitlines()
+                                   if line.startswith("privacy:")]:
+            self.assertRegex(line, r"epsilon=\S+ at delta=1e-05 \(zero_out adjacency: .*"
+                                   r"replace-one epsilon=")
+        self.assertRegex(result.stdout, r"(?m)^final: epsilon=\S+ at delta=1e-05 holds for "
+                                        r"zero_out adjacency \(.*\); replace-one epsilon=")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
-"""Probes a model for what per-layer clipping cannot see, on a tiny batch.
+"""Probes a model for what per-layer clipping cannot see, at the batch size used.
 
 The tapped clipping methods ("ghost", "mixed", "bk") see a trainable variable
 only through the calls of the layer that owns it, and every method assumes
 that an example's outputs depend on that example alone. Two eager forward
-passes on a probe batch of `PROBE_BATCH` examples check both:
+passes on a probe batch of distinct random examples check both, at the
+physical batch size training uses (at least `MIN_PROBE_ROWS`: a layer may
+mix examples only in batches of some size, e.g. from 4 rows on):
 
 - Variable reads. Every layer call runs under its own
   `tf.GradientTape(watch_accessed_variables=True)`, with the enclosing call's
@@ -18,7 +20,8 @@ passes on a probe batch of `PROBE_BATCH` examples check both:
   state of Keras layers (seed generators) is restored before each pass so
   that dropout draws the same masks.
 
-Results are cached per model, input signature and set of trainable variables.
+Results are cached per model, input signature, rows and set of trainable
+variables.
 """
 
 import dataclasses
@@ -31,7 +34,9 @@ import tensorflow as tf
 
 from tfdp.dp import layer_taps
 
-PROBE_BATCH = 3
+# The fewest rows a probe batch has, whatever the batch size: a layer that
+# mixes examples only from some batch size on must be probed at that size.
+MIN_PROBE_ROWS = 4
 _lock = threading.RLock()
 _cache = weakref.WeakKeyDictionary()
 
@@ -85,14 +90,17 @@ class ProbeReport:
         )
 
 
-def probe(model, x=None):
+def probe(model, x=None, rows=None):
     """Probes `model` (cached); None when no input signature is known.
 
     Args:
         model: keras.Model. A built model.
         x: optional tensor. A batch (possibly symbolic): its per-example
-            shape and dtype define the probe input. Defaults to the model's
-            declared input.
+            shape and dtype define the probe input, and its static batch
+            size the rows. Defaults to the model's declared input.
+        rows: int or None. The probe batch's rows: the physical batch size
+            of training. Defaults to `x`'s static batch size; at least
+            `MIN_PROBE_ROWS` either way.
 
     Returns:
         A `ProbeReport`, or None.
@@ -100,17 +108,28 @@ def probe(model, x=None):
     signature = _signature(model, x)
     if signature is None:
         return None
-    key = (signature, tuple(id(v) for v in model.trainable_variables))
+    if rows is None and x is not None and x.shape.rank and x.shape[0] is not None:
+        rows = int(x.shape[0])
+    rows = max(MIN_PROBE_ROWS, int(rows or 0))
+    key = (signature, rows, tuple(id(v) for v in model.trainable_variables))
     with _lock:
         cached = _cache.get(model)
         if cached is not None and cached[0] == key:
             return cached[1]
-        if tf.executing_eagerly():
-            report = _probe(model, *signature)
-        else:
-            report = _eagerly(_probe, model, *signature)
+        report = run_eagerly(_probe, model, *signature, rows)
         _cache[model] = (key, report)
         return report
+
+
+def run_eagerly(fn, *args):
+    """`fn(*args)`, eagerly, also while a function is being traced.
+
+    While tracing, in a fresh thread: `tf.init_scope` would also pause
+    gradient tapes on this thread, and the probes need their own tapes.
+    """
+    if tf.executing_eagerly():
+        return fn(*args)
+    return _eagerly(fn, *args)
 
 
 def _eagerly(fn, *args):
@@ -150,9 +169,22 @@ def _signature(model, x):
     return shape, tf.as_dtype(dtype).name
 
 
-def _probe_inputs(model, shape, dtype):
-    rng = np.random.default_rng(0)
-    size = (PROBE_BATCH,) + shape
+def probe_inputs(model, shape, dtype, rows, seed=0):
+    """A batch of `rows` distinct random inputs, and a copy with row 0 changed.
+
+    Args:
+        model: keras.Model. Integer inputs are valid ids for all of its
+            embedding tables.
+        shape: tuple of int. One example's shape.
+        dtype: the input dtype.
+        rows: int. Rows of the batch.
+        seed: int. Defaults to 0.
+
+    Returns:
+        `(x, changed)`: two tensors `[rows, *shape]`.
+    """
+    rng = np.random.default_rng(seed)
+    size = (rows,) + tuple(shape)
     if tf.as_dtype(dtype).is_integer:
         # Valid ids for every embedding table of the model.
         dims = [layer.input_dim for layer in model._flatten_layers()
@@ -162,14 +194,14 @@ def _probe_inputs(model, shape, dtype):
         other = (x[0] + 1) % bound
     else:
         x = rng.normal(size=size)
-        other = 3.0 * rng.normal(size=shape)
+        other = 3.0 * rng.normal(size=tuple(shape))
     changed = x.copy()
     changed[0] = other
     return tf.constant(x, dtype), tf.constant(changed, dtype)
 
 
-def _probe(model, shape, dtype):
-    x, changed = _probe_inputs(model, shape, dtype)
+def _probe(model, shape, dtype, rows):
+    x, changed = probe_inputs(model, shape, dtype, rows)
     state = [(v, v.numpy()) for v in model.non_trainable_variables]
 
     def run(inputs, training):
@@ -179,10 +211,10 @@ def _probe(model, shape, dtype):
 
     first = run(x, True)
     other = run(changed, True)
-    mixing = _mixing_layer(model, first, other)
-    if mixing is not None and not _same(first, run(x, True)):
+    mixing = _mixing_layer(model, first, other, rows)
+    if mixing is not None and not _same(first, run(x, True), rows):
         # Randomness outside Keras seed generators: compare inference passes.
-        mixing = _mixing_layer(model, run(x, False), run(changed, False))
+        mixing = _mixing_layer(model, run(x, False), run(changed, False), rows)
     for v, value in state:
         v.assign(value)
     return ProbeReport(_foreign_reads(model, first), mixing)
@@ -271,25 +303,25 @@ def _foreign_reads(model, trace):
     return found
 
 
-def _rows(t):
-    """Rows 1: of a batch-first tensor as float64, or None."""
+def _rows(t, rows):
+    """Rows 1: of a batch-first tensor (`rows` rows) as float64, or None."""
     if not isinstance(t, (tf.Tensor, tf.Variable)) or t.shape.rank in (None, 0):
         return None
-    if t.shape[0] != PROBE_BATCH or t.dtype in (tf.string, tf.bool):
+    if t.shape[0] != rows or t.dtype in (tf.string, tf.bool):
         return None
     return tf.cast(t[1:], tf.float64).numpy()
 
 
-def _same(a_trace, b_trace):
-    return _nest_same(a_trace.outputs, b_trace.outputs)
+def _same(a_trace, b_trace, rows):
+    return _nest_same(a_trace.outputs, b_trace.outputs, rows)
 
 
-def _nest_same(a, b):
+def _nest_same(a, b, rows):
     flat_a, flat_b = tf.nest.flatten(a), tf.nest.flatten(b)
     if len(flat_a) != len(flat_b):
         return False
     for u, w in zip(flat_a, flat_b):
-        ru, rw = _rows(u), _rows(w)
+        ru, rw = _rows(u, rows), _rows(w, rows)
         if ru is None or rw is None:
             continue
         scale = max(float(np.max(np.abs(ru), initial=0.0)), 1e-6)
@@ -298,12 +330,12 @@ def _nest_same(a, b):
     return True
 
 
-def _mixing_layer(model, first, other):
+def _mixing_layer(model, first, other, rows):
     """The first layer whose outputs for examples 1: changed with same inputs."""
     if len(first.calls) == len(other.calls):
         for (layer, x_a, y_a), (_, x_b, y_b) in zip(first.calls, other.calls):
-            if _nest_same(x_a, x_b) and not _nest_same(y_a, y_b):
+            if _nest_same(x_a, x_b, rows) and not _nest_same(y_a, y_b, rows):
                 return layer.name
-    if not _same(first, other):
+    if not _same(first, other, rows):
         return model.name
     return None

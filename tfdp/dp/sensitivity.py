@@ -1,32 +1,45 @@
-"""`check_sensitivity`: an empirical leave-one-out check of the clipping bound.
+"""Empirical checks that one example moves the clipped sum by at most C.
 
 DP needs every example's contribution to the clipped sum S to be at most C in
-L2 norm. For each example j of a probe batch this measures
+L2 norm. `check_sensitivity` measures, for each example j of a probe batch,
 ‖S(D) − S(D without j)‖ / C, removing j as the data pipeline pads a batch: its
 input zeroed and its weight 0, so that every other example keeps its row (and
 its dropout mask: Keras random state is restored before each sum). Any figure
 above 1 (beyond float error) means the engine does not bound this model.
+
+`probe_training` is what every training route runs before its first update
+(the trainer, Keras `fit`, the TF-Privacy compat optimizers): at the physical
+batch size that training uses, with the user's loss, it refuses a layer or a
+loss that mixes examples, then measures the leave-one-out sensitivity of a few
+examples of the full batch.
 """
 
 import numpy as np
 import tensorflow as tf
 
 from tfdp.dp import clipping
+from tfdp.dp import model_probe
 
 TOLERANCE = 1e-4  # Float error allowed above 1 (`check_sensitivity` figures).
+# Examples left out, one at a time, by `probe_training` (see its docstring).
+LEAVE_OUT = 2
 
 
-def check_sensitivity(model, loss, batch, l2_norm_clip, method="auto", **clip_kwargs):
+def check_sensitivity(model, loss, batch, l2_norm_clip, method="auto", leave_out=None,
+                      **clip_kwargs):
     """Largest leave-one-out contribution over C, for each method.
 
     Args:
         model: keras.Model. The model to train.
         loss: callable. `(y_true, y_pred) -> [B]` per-example losses.
-        batch: tuple `(x, y)` or `(x, y, sample_weight)`. A small probe batch
-            (a few examples: the cost is one clipped sum per example).
+        batch: tuple `(x, y)` or `(x, y, sample_weight)`. The probe batch
+            (the cost is one clipped sum per example left out, plus one).
         l2_norm_clip: float. The clipping bound C.
         method: str or sequence of str. Clipping method(s) to check.
             Defaults to "auto".
+        leave_out: sequence of int or None. The examples (groups of
+            `augmentation_multiplicity` rows) left out, one at a time, with
+            the rest of the batch in place. Defaults to None: every example.
         **clip_kwargs: passed to `clipped_grad_sum` (e.g. `weight_decay`,
             `augmentation_multiplicity`).
 
@@ -40,7 +53,7 @@ def check_sensitivity(model, loss, batch, l2_norm_clip, method="auto", **clip_kw
     """
     if not isinstance(method, str):
         return {
-            m: check_sensitivity(model, loss, batch, l2_norm_clip, m, **clip_kwargs)
+            m: check_sensitivity(model, loss, batch, l2_norm_clip, m, leave_out, **clip_kwargs)
             for m in method
         }
     x, y = tf.convert_to_tensor(batch[0]), tf.convert_to_tensor(batch[1])
@@ -61,10 +74,11 @@ def check_sensitivity(model, loss, batch, l2_norm_clip, method="auto", **clip_kw
         )
         return [tf.convert_to_tensor(g) for g in grads]
 
+    examples = range(rows // k) if leave_out is None else leave_out
     try:
         full = clipped_sum(x, weights)
         worst = 0.0
-        for j in range(rows // k):
+        for j in examples:
             if not np.any(weights.numpy()[j * k:(j + 1) * k] > 0):
                 continue
             keep = np.ones([rows], "float32")
@@ -89,3 +103,170 @@ def refuse_unbounded(figure, method):
             "'vectorized', or change the layers that the probe names. "
             f"Received: sensitivity={figure:.6f}, method={method!r}"
         )
+
+
+def refuse_mixing_loss(loss, y_pred, y_true, model):
+    """Raises when `loss`'s value for one example depends on another example.
+
+    Example 0's prediction and target are changed; every other example's
+    loss must stay the same. A batch-mean inside the loss (e.g. the
+    cross-entropy of `p − mean_over_batch(p)`) fails this: no clipping of
+    per-example gradients can bound it.
+
+    Args:
+        loss: callable. `(y_true, y_pred) -> [B]`, the loss of training.
+        y_pred: tensor. The model's predictions on the probe batch.
+        y_true: tensor. The probe batch's targets.
+        model: keras.Model. Named in the error.
+
+    Raises:
+        ValueError: naming the loss.
+    """
+    y_pred = tf.convert_to_tensor(y_pred)
+    y_true = tf.convert_to_tensor(y_true)
+    if int(y_pred.shape[0]) < 2:
+        return
+    first = y_pred[0] if y_pred.shape.rank < 2 else tf.reverse(y_pred[0], axis=[-1])
+    changed_pred = tf.tensor_scatter_nd_update(
+        y_pred, [[0]], [first * tf.cast(3.0, y_pred.dtype) + tf.cast(1.0, y_pred.dtype)])
+    other_label = tf.reverse(y_true[1], axis=[-1]) if y_true.shape.rank > 1 else y_true[1]
+    changed_true = tf.tensor_scatter_nd_update(y_true, [[0]], [other_label])
+    before = tf.cast(tf.reshape(loss(y_true, y_pred), [-1]), tf.float64).numpy()
+    after = tf.cast(tf.reshape(loss(changed_true, changed_pred), [-1]), tf.float64).numpy()
+    if before.shape != after.shape or before.shape[0] != y_pred.shape[0]:
+        raise ValueError(
+            f"The loss of model '{model.name}' must give one value per example. "
+            f"Received: {before.shape[0]} values for a batch of {int(y_pred.shape[0])}, "
+            f"loss={_name(loss)}"
+        )
+    scale = max(float(np.max(np.abs(before[1:]), initial=0.0)), 1e-6)
+    moved = float(np.max(np.abs(before[1:] - after[1:]), initial=0.0))
+    if moved > 1e-5 * scale:
+        raise ValueError(
+            f"The loss {_name(loss)} mixes examples: changing one example's prediction "
+            "and target changes the losses of the other examples of the batch (e.g. a "
+            "batch mean inside the loss). Per-example clipping cannot bound such a loss, "
+            "so training would not be differentially private. Use a loss whose value "
+            "for each example depends on that example alone. "
+            f"Received: loss={_name(loss)}, change of the other examples' losses={moved:.3g}"
+        )
+
+
+def _name(loss):
+    return repr(getattr(loss, "name", None) or getattr(loss, "__name__", None)
+                or type(loss).__name__)
+
+
+def probe_training(model, loss, batch, l2_norm_clip, method="auto", leave_out=LEAVE_OUT,
+                   **clip_kwargs):
+    """Refuses a model or loss that DP-SGD cannot bound, at the batch size used.
+
+    Run on a probe batch of distinct random examples with as many rows as
+    the physical batches of training (at least `model_probe.MIN_PROBE_ROWS`)
+    and the loss of training, in three parts:
+
+    1. Layers: `model_probe.probe` changes one example and compares every
+       other example's outputs, layer by layer (names the first layer that
+       mixes examples, e.g. batch statistics, also one that does so only
+       from some batch size on).
+    2. The loss: `refuse_mixing_loss` changes one example's prediction and
+       target and compares every other example's loss (names the loss).
+    3. The engine: the leave-one-out sensitivity (`check_sensitivity`) of
+       `leave_out` examples (evenly spaced from the first to the last), each
+       left out of the FULL batch. Refused above 1 + `TOLERANCE`.
+
+    Why a few leave-outs suffice: what makes the sensitivity exceed C is a
+    dependence between examples or a per-layer error of the engine. Parts 1
+    and 2 test the dependence on every other row of the batch, at the real
+    batch size. The engine's per-example norms and clipping treat every row
+    alike, and the probe's rows are exchangeable (i.i.d. random), so an
+    engine error shows on any example left out; the full batch keeps the
+    batch-size-dependent code paths of training. Leaving out every example
+    would cost one clipped sum per row (256 at a physical batch of 256) and
+    find nothing the first and last cannot: the cost is `leave_out` + 1
+    clipped sums and three forward passes at the physical batch size. Like
+    any probe this is a check, not a proof.
+
+    Args:
+        model: keras.Model. The model to train.
+        loss: callable. `(y_true, y_pred) -> [B]`, the per-example loss of
+            training.
+        batch: tuple `(x, y)`. A probe batch of the physical batch size (rows
+            = examples × `augmentation_multiplicity`), e.g. `synthetic_batch`.
+        l2_norm_clip: float. C.
+        method: str. The clipping method (resolved, or "auto").
+        leave_out: int. Examples left out one at a time. Defaults to
+            `LEAVE_OUT`.
+        **clip_kwargs: passed to `clipped_grad_sum`.
+
+    Returns:
+        The largest leave-one-out figure over C (a float).
+
+    Raises:
+        ValueError: naming the layer or the loss that mixes examples, or the
+            method that does not bound the model.
+    """
+    x, y = tf.convert_to_tensor(batch[0]), tf.convert_to_tensor(batch[1])
+    rows = int(x.shape[0])
+    report = model_probe.probe(model, x, rows=rows)
+    if report is not None:
+        report.refuse_mixing()
+    resolved = clipping.resolve_method(model, method, x)
+    state = [(v, v.numpy()) for v in model.non_trainable_variables]
+    try:
+        refuse_mixing_loss(loss, model(x, training=False), y, model)
+    finally:
+        for v, value in state:
+            v.assign(value)
+    k = int(clip_kwargs.get("augmentation_multiplicity", 1))
+    examples = rows // k
+    chosen = sorted({int(j) for j in np.linspace(0, examples - 1, max(1, min(leave_out, examples)))})
+    figure = check_sensitivity(model, loss, (x, y), l2_norm_clip, resolved, leave_out=chosen,
+                               **clip_kwargs)
+    refuse_unbounded(figure, resolved)
+    return figure
+
+
+def _output_dim(model, x):
+    """The last dimension of the model's output on `x` (1 for a scalar)."""
+    out = tf.nest.flatten(model(x, training=False))[0]
+    return int(out.shape[-1]) if out.shape.rank > 1 else 1
+
+
+def synthetic_batch(model, examples, x_shape, x_dtype, y_shape=(), y_dtype="int32",
+                    num_classes=None, augmentation_multiplicity=1, seed=0):
+    """A probe batch of distinct random examples (no training data).
+
+    Args:
+        model: keras.Model. Integer inputs are valid ids for its embeddings.
+        examples: int. Examples (rows: examples × augmentation_multiplicity,
+            each example's rows identical, as on-device augmentation gets
+            them). At least `model_probe.MIN_PROBE_ROWS`.
+        x_shape: tuple. One example's input shape.
+        x_dtype: the input dtype.
+        y_shape: tuple. One example's target shape. Defaults to `()`.
+        y_dtype: the target dtype. Integer targets are classes in
+            `[0, num_classes)`; float ones uniform in [0, 1). Defaults to
+            "int32".
+        num_classes: int or None. Defaults to the model output's last
+            dimension (at least 2).
+        augmentation_multiplicity: int. Defaults to 1.
+        seed: int. Defaults to 0.
+
+    Returns:
+        `(x, y)` tensors.
+    """
+    examples = max(int(examples), model_probe.MIN_PROBE_ROWS)
+    x, _ = model_probe.probe_inputs(model, tuple(x_shape), x_dtype, examples, seed)
+    rng = np.random.default_rng(seed + 1)
+    y_dtype = tf.as_dtype(y_dtype)
+    if y_dtype.is_integer:
+        if num_classes is None:
+            num_classes = max(_output_dim(model, x[:1]), 2)
+        y = rng.integers(0, num_classes, size=(examples,) + tuple(y_shape))
+    else:
+        y = rng.uniform(size=(examples,) + tuple(y_shape))
+    k = int(augmentation_multiplicity)
+    x = tf.repeat(x, k, axis=0)
+    y = tf.repeat(tf.constant(y, y_dtype), k, axis=0)
+    return x, y

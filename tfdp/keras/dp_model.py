@@ -22,6 +22,7 @@ compiled with a TF-Privacy optimizer, with TF-Privacy's microbatches.
 import inspect
 import sys
 import warnings
+import weakref
 
 import keras
 import numpy as np
@@ -31,7 +32,10 @@ from keras.src.trainers.data_adapters import array_slicing
 
 from tfdp.dp import clipping
 from tfdp.dp import layer_taps
+from tfdp.dp import model_probe
+from tfdp.dp import sensitivity
 from tfdp.keras import array_batches
+from tfdp.keras import dp_optimizer as dp_optimizer_lib
 from tfdp.keras.dp_optimizer import DPOptimizer
 
 
@@ -86,6 +90,9 @@ def per_example_loss_fn(loss, loss_weights=None):
         values = tf.reshape(values, [-1])
         return values * weight if weight != 1.0 else values
 
+    # Errors about the loss (e.g. the training probe's) name the user's loss.
+    per_example.__name__ = (getattr(loss, "name", None) or getattr(loss, "__name__", None)
+                            or type(loss).__name__)
     return per_example
 
 
@@ -115,7 +122,7 @@ def _regularized_layers(model):
 
 
 def private_update(model, optimizer, per_example_loss, x, y, sample_weight=None, *,
-                   batch_size=None, last=None):
+                   batch_size=None, last=None, physical_batch_size=None):
     """The DP-SGD half of a `fit` step: clip, accumulate, noise, update.
 
     Clips each example's gradient (or, for an optimizer with a
@@ -145,6 +152,9 @@ def private_update(model, optimizer, per_example_loss, x, y, sample_weight=None,
             a logical step (tfdp's array batches). Defaults to `None`: the
             step ends after the optimizer's `gradient_accumulation_steps`
             batches of one epoch.
+        physical_batch_size: int or None. The rows of the training probe
+            (`probe_before_training`). Defaults to the traced batch size,
+            else `batch_size`, else the array sampler's physical batch.
 
     Returns:
         The predictions of the clipping forward pass (for metrics).
@@ -184,6 +194,10 @@ def private_update(model, optimizer, per_example_loss, x, y, sample_weight=None,
         captured.append(y_pred)
         return per_example_loss(y_true, y_pred)
 
+    probe_before_training(model, optimizer, per_example_loss, x, y, group,
+                          rows=(x.shape[0] or physical_batch_size or batch_size
+                                or _planned_batch_size(optimizer)),
+                          method=method)
     variables = model.trainable_variables
     clipped_sum, _ = clipping.clipped_grad_sum(
         model,
@@ -200,8 +214,64 @@ def private_update(model, optimizer, per_example_loss, x, y, sample_weight=None,
         y_pred = captured[0]  # The batched forward pass of the clipping.
     else:  # Per-example forward passes: recompute the batch's predictions.
         y_pred = model(x, training=True)
-    optimizer._dp_accumulate(clipped_sum, variables, last=last)
+    examples = rows if weights is None else tf.math.count_nonzero(weights, dtype=tf.int32)
+    optimizer._dp_accumulate(clipped_sum, variables, last=last, examples=examples)
     return y_pred
+
+
+# The probes each DPOptimizer ran (`probe_before_training`).
+_PROBED = weakref.WeakKeyDictionary()
+
+
+def _planned_batch_size(optimizer):
+    plan = optimizer.fit_plan
+    sampler = plan.sampler if plan is not None else None
+    return sampler.physical_batch_size if sampler is not None and plan.route != "stream" else None
+
+
+def probe_before_training(model, optimizer, per_example_loss, x, y, group=1, *, rows, method):
+    """Runs the training probe once per model, loss and batch size (see below).
+
+    `tfdp.dp.sensitivity.probe_training` on distinct random examples (never
+    the training data) shaped like `x` and `y`, with `rows` rows (the
+    physical batch size; at least 4) and the compiled per-example loss:
+    refuses a layer or a loss that mixes examples, or a clipped sum that
+    one example moves by more than C·(1 + 1e-4). Runs eagerly, also while
+    the train step is traced (on a helper thread), so that the refusal
+    comes before any update. Cached on the optimizer.
+
+    Args:
+        model: keras.Model. The inner model.
+        optimizer: `DPOptimizer`.
+        per_example_loss: callable. `(y_true, y_pred) -> [B]`.
+        x: tensor. A batch of inputs (symbolic while tracing).
+        y: tensor. Its targets.
+        group: int. Rows clipped together (TF-Privacy's microbatches).
+        rows: int or None. The physical batch size.
+        method: str. The resolved clipping method.
+    """
+    if y is None:
+        return
+    x, y = tf.convert_to_tensor(x), tf.convert_to_tensor(y)
+    rows = max(int(rows or 0), model_probe.MIN_PROBE_ROWS)
+    rows += (-rows) % group
+    # Unknown dimensions (e.g. a sequence length) are probed at 8.
+    x_shape = tuple(8 if d is None else int(d) for d in x.shape[1:])
+    y_shape = tuple(8 if d is None else int(d) for d in y.shape[1:])
+    key = (id(model), id(per_example_loss), rows, method, group, x_shape, x.dtype.name,
+           y_shape, y.dtype.name, optimizer.l2_norm_clip, optimizer.weight_decay)
+    probed = _PROBED.setdefault(optimizer, set())
+    if key in probed:
+        return
+
+    def run():
+        batch = sensitivity.synthetic_batch(model, rows, x_shape, x.dtype, y_shape, y.dtype)
+        sensitivity.probe_training(
+            model, per_example_loss, batch, optimizer.l2_norm_clip, method,
+            weight_decay=optimizer.weight_decay, augmentation_multiplicity=group)
+
+    model_probe.run_eagerly(run)
+    probed.add(key)
 
 
 def _microbatch_rows(x, num_microbatches, batch_size):
@@ -359,6 +429,11 @@ class DPModel(keras.Model):
         user's batches, `gradient_accumulation_steps` per logical step,
         accounted once per pass; it must hold each example at most once per
         epoch. Its sampler must be "shuffle": Poisson sampling needs arrays.
+        With a known N (`dataset_size`), a pass of more than N examples is
+        refused: a `tf.data.Dataset` is counted once before training
+        (`check_stream_pass`), and every epoch is counted as it runs: the
+        batch that takes the count above N releases nothing, and `fit`
+        stops with a `ValueError`.
 
         In every case a logical step never spans two epochs: an unfinished
         step is discarded, unreleased, at each epoch start.
@@ -408,8 +483,10 @@ class DPModel(keras.Model):
         physical = _stream_batch_size(x, batch_size)
         plan = optimizer.plan_fit(arrays=False, physical_batch_size=physical,
                                   shuffle=bool(shuffle))
+        if optimizer.pass_limit is not None and isinstance(x, tf.data.Dataset):
+            check_stream_pass(x, optimizer.pass_limit)
         self._dp_prepare(plan, physical)
-        common["callbacks"] = [_EpochBoundary()] + callbacks
+        common["callbacks"] = [_EpochBoundary(check_pass=True)] + callbacks
         return super().fit(x, y, batch_size=batch_size, validation_split=validation_split,
                            shuffle=shuffle, class_weight=class_weight,
                            sample_weight=sample_weight, steps_per_epoch=steps_per_epoch,
@@ -486,6 +563,42 @@ class DPModel(keras.Model):
         return cls(model, **config)
 
 
+def check_stream_pass(dataset, dataset_size):
+    """Refuses a `tf.data.Dataset` whose pass holds more than N examples (eager).
+
+    Counts one pass (rows of the first input tensor; rows of weight 0 are
+    not examples) before any update, so that a stream that repeats its
+    examples (`.repeat(2).shuffle(...).batch(...)`) is refused before its
+    first update. Where the cardinality and a static batch size already
+    bound the pass by N, nothing is read; else this runs the input pipeline
+    once, without the model. The train step counts every epoch again
+    (`DPOptimizer.check_pass`), for streams whose passes differ.
+
+    Args:
+        dataset: `tf.data.Dataset`. Batches `x`, `(x, y)` or `(x, y, w)`.
+        dataset_size: int. N.
+
+    Raises:
+        ValueError: when one pass holds more than N examples.
+    """
+    cardinality = int(dataset.cardinality())
+    dims = [s.shape[0] for s in tf.nest.flatten(dataset.element_spec)
+            if isinstance(s, tf.TensorSpec) and s.shape.rank]
+    if cardinality >= 0 and dims and dims[0] is not None and cardinality * dims[0] <= dataset_size:
+        return
+
+    def add(total, element):
+        x, _, w = keras.utils.unpack_x_y_sample_weight(element)
+        if w is not None:
+            return total + tf.math.count_nonzero(tf.reshape(w, [-1]), dtype=tf.int64)
+        return total + tf.shape(tf.nest.flatten(x)[0], out_type=tf.int64)[0]
+
+    count = int(dataset.reduce(tf.constant(0, tf.int64), add))
+    if count > dataset_size:
+        raise ValueError(dp_optimizer_lib.too_many_examples_error(
+            count, dataset_size, "Nothing was trained."))
+
+
 def _is_array(x):
     return isinstance(x, np.ndarray) or (tf.is_tensor(x) and x.shape.rank)
 
@@ -536,11 +649,18 @@ class _EpochBoundary(keras.callbacks.Callback):
         variable_length: bool. The epochs have a random number of physical
             batches (Poisson steps): Keras must not cut an epoch to the
             length it learnt from the first one.
+        check_pass: bool. Stop with an error once a stream's pass went
+            above N (`DPOptimizer.check_pass`).
     """
 
-    def __init__(self, variable_length=False):
+    def __init__(self, variable_length=False, check_pass=False):
         super().__init__()
         self.variable_length = variable_length
+        self.check_pass = check_pass
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.check_pass:
+            self.model.dp_optimizer.check_pass()
 
     def on_epoch_begin(self, epoch, logs=None):
         self.model.dp_optimizer.start_epoch()

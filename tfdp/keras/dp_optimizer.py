@@ -323,6 +323,14 @@ class DPOptimizer(keras.optimizers.Optimizer):
                                           name="dp_max_steps")
         self._pass_steps_var = tf.Variable(0, trainable=False, dtype=tf.int64,
                                            name="dp_pass_steps")
+        # A stream's examples in this epoch, the most one pass may hold (N;
+        # -1: not checked, e.g. tfdp's own array batches) and whether this
+        # epoch went over it (then nothing more is released).
+        self._pass_examples = tf.Variable(0, trainable=False, dtype=tf.int64,
+                                          name="dp_pass_examples")
+        self._pass_limit = tf.Variable(-1, trainable=False, dtype=tf.int64,
+                                       name="dp_pass_limit")
+        self._pass_overflow = tf.Variable(False, trainable=False, name="dp_pass_overflow")
 
     # ------------------------------------------------------------------
     # Variables and delegation.
@@ -480,6 +488,10 @@ class DPOptimizer(keras.optimizers.Optimizer):
         steps = None
         if sampler is not None and route in ARRAY_ROUTES:
             steps = max(1, int(round(sampler.steps_per_epoch)))
+        with tf.init_scope():
+            # A stream is trusted to hold each example at most once per pass;
+            # its passes are counted against N (see `check_pass`).
+            self._pass_limit.assign(n if route == STREAM and n else -1)
         self.fit_plan = FitPlan(route, sampler, steps)
         return self.fit_plan
 
@@ -534,6 +546,31 @@ class DPOptimizer(keras.optimizers.Optimizer):
         self._micro_step.assign(0)
         self._epoch_released.assign(False)
         self._epoch_first_step.assign(tf.cast(self.iterations, tf.int64))
+        self._pass_examples.assign(0)
+        self._pass_overflow.assign(False)
+
+    @property
+    def pass_limit(self):
+        """The most examples one pass of a stream may hold (N), or None."""
+        limit = int(self._pass_limit.numpy())
+        return None if limit < 0 else limit
+
+    def check_pass(self):
+        """Raises once a stream's pass has delivered more than N examples (eager).
+
+        The train step counts each epoch's examples; the batch that takes
+        the count above N, and every later one of the epoch, releases
+        nothing, so the logical step it belongs to is never applied. `fit`
+        calls this after each batch to stop with this error.
+
+        Raises:
+            ValueError: naming N and the count.
+        """
+        if not bool(self._pass_overflow.numpy()):
+            return
+        raise ValueError(too_many_examples_error(
+            int(self._pass_examples.numpy()), int(self._pass_limit.numpy()),
+            "The logical step in progress and the rest of the pass were not applied."))
 
     def _release_allowed(self, step):
         """Whether releasing step `step` stays within `PrivacyBudget`'s cap."""
@@ -543,7 +580,7 @@ class DPOptimizer(keras.optimizers.Optimizer):
         accounted = tf.maximum(step + 1, passes * self._pass_steps_var)
         return tf.logical_or(self._max_steps_var < 0, accounted <= self._max_steps_var)
 
-    def _dp_accumulate(self, clipped_sum, variables, last=None):
+    def _dp_accumulate(self, clipped_sum, variables, last=None, examples=None):
         """Adds one batch's clipped sum; at the end of a logical step, releases.
 
         Runs inside the model's (traced) train step.
@@ -554,6 +591,8 @@ class DPOptimizer(keras.optimizers.Optimizer):
             last: bool scalar tensor or None. True on the last physical batch
                 of a logical step (tfdp's array batches); None for a stream,
                 whose steps are k consecutive batches of one epoch.
+            examples: int scalar tensor or None. The batch's examples
+                (weight > 0), counted against N for a stream (`check_pass`).
         """
         if not self.built:
             raise RuntimeError(
@@ -566,6 +605,13 @@ class DPOptimizer(keras.optimizers.Optimizer):
                 "with `fit`, which fixes it from its inputs."
             )
         aggregator = self._aggregator
+        if examples is not None:
+            # Counted before anything of this batch can be released: a pass
+            # above N holds some example twice, and none of its steps from
+            # here on may be applied.
+            count = self._pass_examples.assign_add(tf.cast(examples, tf.int64))
+            over = tf.logical_and(self._pass_limit >= 0, count > self._pass_limit)
+            self._pass_overflow.assign(tf.logical_or(self._pass_overflow, over))
         aggregator.accumulate(self._accumulators, clipped_sum,
                               first=tf.equal(self._micro_step, 0))
         self._micro_step.assign_add(1)
@@ -585,8 +631,11 @@ class DPOptimizer(keras.optimizers.Optimizer):
             return tf.constant(True)
 
         def end_logical_step():
-            # Over budget: the logical step is dropped (nothing released).
-            tf.cond(self._release_allowed(step), release, lambda: tf.constant(False))
+            # Over budget, or a pass above N: the logical step is dropped
+            # (nothing released).
+            allowed = tf.logical_and(self._release_allowed(step),
+                                     tf.logical_not(self._pass_overflow))
+            tf.cond(allowed, release, lambda: tf.constant(False))
             self._micro_step.assign(0)
             return tf.constant(True)
 
@@ -697,6 +746,25 @@ class DPOptimizer(keras.optimizers.Optimizer):
             config.pop("optimizer"), custom_objects=custom_objects
         )
         return cls(optimizer, **config)
+
+
+def too_many_examples_error(count, dataset_size, applied):
+    """The message for a stream whose pass holds more than N examples.
+
+    Args:
+        count: int. The examples the pass delivered (so far).
+        dataset_size: int. N.
+        applied: str. What was (not) applied of that pass.
+    """
+    return (
+        f"A pass over the training stream delivered more than dataset_size={dataset_size} "
+        f"examples ({count}): it holds some example more than once per epoch "
+        "(e.g. `.repeat()` before `.batch()`, or duplicated files), so one example could "
+        "sit twice in a logical step and the per-pass privacy bound would not hold. "
+        f"{applied} Give a stream that holds each example at most once per epoch, or the "
+        f"true `dataset_size`. Received: {count} examples in one pass, "
+        f"dataset_size={dataset_size}"
+    )
 
 
 def default_delta(dataset_size):

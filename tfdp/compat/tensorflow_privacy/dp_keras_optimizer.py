@@ -175,7 +175,8 @@ class DPKerasOptimizer(DPOptimizer):
             )
         x = caller.f_locals["x"]
         # Traced once per `fit` train function: fixes the divisor and the key.
-        self.plan_fit(arrays=False, physical_batch_size=_fit_batch_size(x))
+        physical = _fit_batch_size(x)
+        self.plan_fit(arrays=False, physical_batch_size=physical)
         if (
             self.num_microbatches is not None
             and getattr(x, "shape", (None,))[0] is None
@@ -193,7 +194,8 @@ class DPKerasOptimizer(DPOptimizer):
         loss_weights = compile_config.config.get("loss_weights") if compile_config else None
         loss_fn = dp_model_lib.per_example_loss_fn(model.loss, loss_weights)
         dp_model_lib.private_update(
-            model, self, loss_fn, x, caller.f_locals["y"], caller.f_locals["sample_weight"]
+            model, self, loss_fn, x, caller.f_locals["y"], caller.f_locals["sample_weight"],
+            physical_batch_size=physical,
         )
 
     # ------------------------------------------------------------------

@@ -78,7 +78,7 @@ def _example_epsilon(num_epochs, noise_multiplier, delta, used_microbatching, q=
         return math.inf
     if delta == 1:
         return 0.0
-    return privacy.epsilon(sigma, steps, delta, sampling_rate=q, sampling="poisson")
+    return privacy.epsilon(sigma, steps, delta, sampling_rate=q, sampler="poisson")
 
 
 def _logexpm1(x):

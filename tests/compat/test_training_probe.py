@@ -1,0 +1,58 @@
+"""The TF-Privacy compat route runs the training probe before its first update."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.dp.test_training_probe import MixesFrom
+from tests.dp.test_training_probe import batch_mean_xent
+from tfdp.compat import tensorflow_privacy
+
+
+def _data(n=16):
+    x = tf.random.stateless_normal([n, 6, 6, 1], seed=[0, 1]).numpy()
+    return x, (np.arange(n) % 3).astype("int32")
+
+
+def _layers(mixing):
+    layers = [keras.Input((6, 6, 1)), keras.layers.Flatten(),
+              keras.layers.Dense(5, activation="tanh")]
+    if mixing:
+        layers.append(MixesFrom(4, name="mixes_from_4"))
+    return layers + [keras.layers.Dense(3)]
+
+
+def _xent():
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+
+
+def _fit_refused(model, pattern):
+    before = [v.numpy() for v in model.trainable_variables]
+    x, y = _data()
+    with pytest.raises(ValueError, match=pattern):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    for b, v in zip(before, model.trainable_variables):
+        np.testing.assert_array_equal(b, v.numpy())
+
+
+@pytest.mark.parametrize("mixing, loss, pattern", [
+    (True, _xent, "Layer 'mixes_from_4' mixes examples"),
+    (False, lambda: batch_mean_xent, "loss 'batch_mean_xent' mixes examples"),
+])
+def test_plain_model_with_a_tf_privacy_optimizer(mixing, loss, pattern):
+    model = keras.Sequential(_layers(mixing))
+    model.compile(optimizer=tensorflow_privacy.DPKerasSGDOptimizer(
+        l2_norm_clip=1.0, noise_multiplier=0.0, learning_rate=0.1), loss=loss())
+    _fit_refused(model, pattern)
+
+
+@pytest.mark.parametrize("mixing, loss, pattern", [
+    (True, _xent, "Layer 'mixes_from_4' mixes examples"),
+    (False, lambda: batch_mean_xent, "loss 'batch_mean_xent' mixes examples"),
+])
+def test_dp_sequential(mixing, loss, pattern):
+    model = tensorflow_privacy.DPSequential(l2_norm_clip=1.0, noise_multiplier=0.0,
+                                            layers=_layers(mixing))
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss())
+    _fit_refused(model, pattern)
