@@ -46,6 +46,9 @@ class ApplicationsTest(BoundedTestCase):
         self.assertEqual({n.groups for n in norms}, {8, 16})
         self.assertOutputShape(model, (2, 10))
         self.assert_bounded(model)
+        plan = dp.plan(model, _SHAPE, 2, method="bk")
+        self.assertEqual({layer.name for layer in plan.layers if layer.kind == "generic"}, set())
+        self.assertIn("depthwise", {layer.kind for layer in plan.layers})
 
     def test_frozen_batchnorm_runs_in_inference_mode(self):
         model = self.frozen

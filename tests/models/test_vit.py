@@ -56,6 +56,9 @@ class VitTest(ModelTestCase):
         self.assertLessEqual(figure, 1 + 1e-4)
         self.assertGreater(figure, 0.5)  # Every example is clipped at this C.
         plan = dp.plan(model, (32, 32, 3), 4, method="bk")
+        # The attention's projections (EinsumDense), the class token, the position
+        # embedding and the layer-scales each have a rule of their own.
+        self.assertEqual({layer.name for layer in plan.layers if layer.kind == "generic"}, set())
         # Every trainable weight is on some rule (the attention's projections are
         # the sublayers of `MultiHeadAttention`).
         self.assertEqual(sum(layer.params for layer in plan.layers),

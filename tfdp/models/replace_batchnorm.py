@@ -5,6 +5,7 @@ import keras
 from keras.src.models.functional import Functional
 
 from tfdp.models import _layers
+from tfdp.models.group_normalization import GroupNormalization
 
 
 def _to_group_norm(layer, groups):
@@ -19,7 +20,7 @@ def _to_group_norm(layer, groups):
     channels = int(layer.moving_mean.shape[0])
     # GroupNorm has no running statistics, so the BN's gamma/beta (which were
     # fitted to batch statistics) would be wrong here: start from 1/0.
-    return keras.layers.GroupNormalization(
+    return GroupNormalization(
         groups=_layers.clamp_groups(groups, channels),
         axis=axis,
         epsilon=layer.epsilon,
@@ -45,7 +46,8 @@ def replace_batchnorm(model, groups=32):
 
     The model is rebuilt with `keras.models.clone_model` (recursively, so
     nested Functional/Sequential sub-models are rebuilt too). Each
-    `BatchNormalization` becomes a `GroupNormalization` with the same name,
+    `BatchNormalization` becomes a `tfdp.models.GroupNormalization` (Keras's
+    layer with faster moments on CPU) with the same name,
     axis, epsilon, `center` and `scale`, `gcd(groups, channels)` groups, and
     fresh `gamma = 1`, `beta = 0`: BN's affine parameters were fitted to
     batch statistics and its running statistics have no GroupNorm
