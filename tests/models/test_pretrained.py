@@ -105,6 +105,18 @@ class PretrainedTest(ModelTestCase):
                             source.get_layer("block_16_project").kernel)
         self.assertEqual(group_norm.get_layer("head_dense").units, 4)
 
+        # Kurakin et al.'s recipe: a model pretrained on one task (its GroupNorm
+        # trained too), saved, then fine-tuned on another with a new head.
+        group_norm.get_layer("bn_Conv1").gamma.assign(np.full([16], 0.5))
+        path = os.path.join(self.dir, "places.keras")
+        group_norm.save(path)
+        model, _ = models.load_pretrained(2, _SHAPE, architecture="mobilenet_v2",
+                                          weights=path, application_kwargs={"alpha": 0.35})
+        self.assertAllEqual(model.get_layer("bn_Conv1").gamma, np.full([16], 0.5))
+        self.assertAllEqual(model.get_layer("block_16_project").kernel,
+                            source.get_layer("block_16_project").kernel)
+        self.assertEqual(model.get_layer("head_dense").units, 2)
+
     @pytest.mark.xfail(strict=True, reason="the DP engine refuses BatchNorm, frozen or not, "
                        "until its rule for frozen BatchNorm lands")
     def test_keras_application_notop_weights_with_frozen_batchnorm(self):

@@ -20,7 +20,6 @@ APPLICATIONS = {
     "densenet121": "DenseNet121",
     "efficientnet_b0": "EfficientNetB0",
     "mobilenet_v2": "MobileNetV2",
-    "resnet50_keras": "ResNet50",
 }
 BATCHNORM_CHOICES = ("group_norm", "freeze", "keep")
 
@@ -99,9 +98,9 @@ def keras_application(
 
     Args:
         architecture: str. A key of `APPLICATIONS` (`"mobilenet_v2"`,
-            `"efficientnet_b0"`, `"convnext_tiny"`, `"densenet121"`,
-            `"resnet50_keras"`) or the name of any `keras.applications`
-            constructor (e.g. `"MobileNetV3Small"`).
+            `"efficientnet_b0"`, `"convnext_tiny"`, `"densenet121"`) or the
+            name of any other `keras.applications` constructor (e.g.
+            `"MobileNetV3Small"`, `"ResNet50"`).
         num_classes: int. Number of logits. Defaults to `1000`.
         input_shape: tuple. `(height, width, channels)`. Defaults to
             `(224, 224, 3)`.

@@ -334,7 +334,9 @@ def load_pretrained(
        - `architecture` (a `keras_application` name): `weights` goes to
          the `keras.applications` constructor: `"imagenet"` (Keras
          downloads it as usual) or a local weights file of the backbone
-         without its top. The head is new.
+         without its top. Or `weights` is a `.keras` file of a
+         `keras_application` model with the same `batchnorm` (e.g. a
+         Places365-pretrained one), matched by name. The head is new.
        - `model_fn` (any tfdp builder, e.g. `vit_s16`): a `.keras` file is
          matched layer by layer by name, all but the heads
          (`load_weights_matching`); a `.weights.h5` file is loaded into
@@ -408,8 +410,9 @@ def load_pretrained(
     new_head = True  # Whether the head is still the source's, to be replaced.
     if architecture is not None:
         if path is not None and path.endswith(".keras"):
-            model = keras_application(architecture, num_classes, shape, batchnorm="keep",
-                                      **(application_kwargs or {}))
+            # A model saved by tfdp: its norms are already what `batchnorm` asks for.
+            model = keras_application(architecture, num_classes, shape, batchnorm=batchnorm,
+                                      groups=groups, **(application_kwargs or {}))
             source = keras.models.load_model(path, compile=False)
             source_head = _output_layer(source)
             load_weights_matching(
