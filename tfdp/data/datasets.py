@@ -210,7 +210,7 @@ def _decoded(source, info, mode, size):
     )
     if decoded is source.images:
         return source
-    return sources.ArraySource(decoded, source.labels, info)
+    return sources.ArraySource(decoded, source.labels, info, user_ids=source.user_ids)
 
 
 def _load_test_dataset(test_dataset, train_prefix, class_names, options):
@@ -300,9 +300,11 @@ def _load_custom(prefix, location, *, seed, test_fraction, num_classes, image_si
     )
     test_held_out = test is None
     if test_held_out:
-        kept, held = splits.stratified_split(train.labels, test_fraction, seed)
+        kept, held = splits.held_out_split(train, test_fraction, seed)
         train, test = validation_lib.subset(train, kept), validation_lib.subset(train, held)
-        notes += f"; test: a stratified {test_fraction:g} held out of the training data"
+        how = (f"{test_fraction:g} of the users" if getattr(train, "user_ids", None) is not None
+               else f"a stratified {test_fraction:g}")
+        notes += f"; test: {how} held out of the training data"
     train_pre, eval_pre = _custom_preprocessing(preprocessing_mode, size, channels)
     return DatasetSplits(train, validation, test, info, train_pre, eval_pre, notes,
                          test_held_out=test_held_out, duplicates_dropped=dropped)

@@ -74,11 +74,15 @@ class ArraySource:
             `[N]` object/bytes array of encoded JPEG/PNG images.
         labels: np.ndarray. `[N]` integer labels.
         info: `DatasetInfo`, optional. Metadata. Defaults to `None`.
+        user_ids: np.ndarray, optional. `[N]` integers: the user who
+            contributed each example, for user-level privacy
+            (`train.privacy_unit = 'user'`) and splits by user. Defaults to
+            `None` (no users).
     """
 
     random_access = True
 
-    def __init__(self, images, labels, info=None):
+    def __init__(self, images, labels, info=None, user_ids=None):
         images = np.asarray(images)
         labels = np.asarray(labels)
         if images.shape[0] != labels.shape[0]:
@@ -86,6 +90,16 @@ class ArraySource:
                 "`images` and `labels` must have the same length. Received: "
                 f"images.shape={images.shape}, labels.shape={labels.shape}"
             )
+        if user_ids is not None:
+            user_ids = np.asarray(user_ids)
+            if user_ids.shape != labels.shape or not np.issubdtype(user_ids.dtype, np.integer):
+                raise ValueError(
+                    "`user_ids` must be [N] integers, one per example. Received: "
+                    f"user_ids.shape={user_ids.shape}, dtype={user_ids.dtype}, "
+                    f"labels.shape={labels.shape}"
+                )
+            user_ids = user_ids.astype(np.int64)
+        self.user_ids = user_ids
         if images.shape[0] == 0:
             raise ValueError(
                 f"A source needs at least one example. Received: images.shape={images.shape}"
@@ -126,7 +140,10 @@ class ArraySource:
 
     def subset(self, indices):
         """The examples `indices`, as a new source of the same class."""
-        return type(self)(self.images[indices], self.labels[indices], self.info)
+        subset = type(self)(self.images[indices], self.labels[indices], self.info)
+        if self.user_ids is not None:
+            subset.user_ids = self.user_ids[indices]
+        return subset
 
     @tf.autograph.experimental.do_not_convert
     def fetch(self, index):

@@ -48,3 +48,43 @@ def stratified_split(labels, fraction, seed):
             f"({e}). Received: examples per class={counts.tolist()}"
         ) from None
     return np.sort(kept), np.sort(held_out)
+
+
+def user_split(user_ids, fraction, seed):
+    """Splits `range(len(user_ids))` into `(kept, held_out)` by user.
+
+    A seeded random `fraction` of the USERS (rounded up) is held out with
+    all their examples, so that no user is in both parts.
+
+    Args:
+        user_ids: np.ndarray. `[N]` integer user of each example.
+        fraction: float. Fraction of the users held out, in (0, 1).
+        seed: int. Seed of the split.
+
+    Returns:
+        Two sorted int64 index arrays that partition `range(N)`.
+    """
+    check_fraction("fraction", fraction, allow_zero=False)
+    user_ids = np.asarray(user_ids)
+    users = np.unique(user_ids)
+    count = int(np.ceil(fraction * users.size))
+    if users.size < 2 or count >= users.size:
+        raise ValueError(
+            f"Cannot hold out {fraction:g} of the users by user: both parts need at least "
+            f"one user. Received: {users.size} users"
+        )
+    held_users = np.random.default_rng(seed).permutation(users)[:count]
+    held = np.isin(user_ids, held_users)
+    return np.flatnonzero(~held).astype(np.int64), np.flatnonzero(held).astype(np.int64)
+
+
+def held_out_split(source, fraction, seed):
+    """`(kept, held_out)` indices of a source with labels in memory.
+
+    By user when the source has `user_ids` (`user_split`), else stratified
+    by label (`stratified_split`).
+    """
+    user_ids = getattr(source, "user_ids", None)
+    if user_ids is not None:
+        return user_split(user_ids, fraction, seed)
+    return stratified_split(source.labels, fraction, seed)

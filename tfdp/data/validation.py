@@ -9,6 +9,9 @@ How a source is split depends on what it holds:
 
 * labels in memory (`ArraySource` and its subclasses: the offline sets,
   small tfds sets, folders, TFRecords, `.npz`): stratified by label, seeded;
+  or, when the source has a user per example (`user_ids`), by user: a
+  seeded fraction of the users with all their examples, so that no user is
+  in two splits;
 * other random-access sources (tfds array_record): a seeded uniform
   random subset of the indices (reading every label would be a pass over
   all images);
@@ -90,7 +93,7 @@ def split_validation(source, fraction, seed):
         return source, None
     labels = getattr(source, "labels", None)
     if labels is not None:
-        kept, held_out = splits.stratified_split(labels, fraction, seed)
+        kept, held_out = splits.held_out_split(source, fraction, seed)
     elif getattr(source, "random_access", False):
         permutation = np.random.default_rng(seed).permutation(len(source))
         count = splits.held_out_count(len(source), fraction)
