@@ -29,10 +29,11 @@ mixes examples is refused by every method.
 """
 
 import logging
+import re
 
-import keras
 import tensorflow as tf
 
+from tfdp.dp import layer_grads
 from tfdp.dp import layer_taps
 from tfdp.dp import model_probe
 from tfdp.dp import norm_stream
@@ -44,14 +45,11 @@ METHODS = ("naive", "vectorized", "ghost", "mixed", "bk", "auto")
 
 
 def default_weight_decay_variables(model):
-    """Conv and dense kernels: the variables the paper decays."""
-    found = []
-    for layer in model._flatten_layers(include_self=False, recursive=True):
-        if isinstance(layer, (keras.layers.Conv2D, keras.layers.Dense)):
-            kernel = getattr(layer, "kernel", None)
-            if kernel is not None and kernel.trainable and layer.trainable:
-                found.append(kernel)
-    return found
+    """Conv, dense and einsum kernels: the variables the paper decays.
+
+    Each layer's rule answers for its variables (`rules.Rule.decays`).
+    """
+    return rules.weight_decay_variables(model)
 
 
 def clip_coefficients(norms, l2_norm_clip, mask):
@@ -99,7 +97,7 @@ def resolve_method(model, method, x=None):
             f"Unknown clipping method. Expected one of {METHODS}. "
             f"Received: method={method!r}"
         )
-    layer_taps.tapped_layers(model)  # Raises on BatchNormalization.
+    layer_taps.tapped_layers(model)  # Raises where a rule refuses a layer.
     report = model_probe.probe(model, x)
     if report is not None:
         report.refuse_mixing()
@@ -268,9 +266,11 @@ def _vectorized(model, loss_fn, x, y, batch, clip, decay, training):
             loss, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO
         )
 
-    per_example = tf.vectorized_map(
+    per_example, found = layer_grads.checked_vectorized_map(
         one_example, (grouped(x), grouped(y), grouped(batch.row_weights), mask)
     )
+    if found:
+        _refuse_miscomputed_vectorization(model, found)
     sq = tf.add_n(
         [tf.reduce_sum(tf.reshape(tf.square(g), [tf.shape(g)[0], -1]), 1) for g in per_example]
     )
@@ -278,6 +278,27 @@ def _vectorized(model, loss_fn, x, y, batch, clip, decay, training):
     coeffs = clip_coefficients(norms, clip, mask)
     grads = [weighted_sum(coeffs, g) for g in per_example]
     return grads, norms
+
+
+def _refuse_miscomputed_vectorization(model, found):
+    """Raises, naming the layer, where `tf.vectorized_map` would compute wrongly."""
+    names = {layer.name for layer in model._flatten_layers(include_self=False, recursive=True)}
+    op, a, b = found[0]
+    # Tracing scopes are the layers' names, uniquified with a "_<n>" suffix.
+    scopes = [
+        part if part in names else re.sub(r"_\d+$", "", part)
+        for part in op.name.split("/")
+    ]
+    scopes = [part for part in scopes if part in names]
+    layer = scopes[-1] if scopes else op.name
+    raise ValueError(
+        f"method='vectorized' cannot clip layer '{layer}': tf.vectorized_map turns its "
+        f"matmul into a BatchMatMul of shapes {a} x {b}, which TensorFlow's oneDNN CPU "
+        "kernel computes wrongly and which can crash the process "
+        "(`layer_grads.miscomputed_batch_matmuls`). Use method='bk', 'mixed', 'ghost' "
+        "or 'naive', or set TF_ENABLE_ONEDNN_OPTS=0 before TensorFlow is imported. "
+        f"Received: method='vectorized', layer={layer!r}"
+    )
 
 
 def _group_records(records):

@@ -13,6 +13,8 @@ example's kernel gradient, so its squared norm grows by
 i.e. the pre-bias output dotted with the output gradient.
 """
 
+import os
+
 import keras
 import tensorflow as tf
 
@@ -487,3 +489,62 @@ def linear_dims(layer, records):
     for s in kernel[:-1]:
         d *= int(s)
     return t, int(kernel[-1]), d
+
+
+def miscomputed_batch_matmuls(graph):
+    """BatchMatMul ops of `graph` whose shapes TF 2.21's oneDNN CPU kernel gets wrong.
+
+    `tf.vectorized_map` turns a per-example matmul of a [1, T, D] input by a
+    [D, p] (or [1, D, p]) weight into one of [N, 1, T, D] by [1, 1, D, p]: a
+    broadcast over batch axes where both operands have size 1. The oneDNN
+    BatchMatMul kernel (on by default on x86 CPUs) returns garbage for such
+    shapes and can corrupt memory (a segmentation fault, `free(): invalid
+    pointer`); with `TF_ENABLE_ONEDNN_OPTS=0` or on a GPU they are exact.
+    Keras's `EinsumDense` and `MultiHeadAttention` projections compute
+    "abc,cde->abde" that way.
+
+    Returns:
+        A list of (op, shape_a, shape_b); empty where oneDNN is off or a GPU
+        is present.
+    """
+    if os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "0" or tf.config.list_logical_devices("GPU"):
+        return []
+    found = []
+    for op in graph.get_operations():
+        if op.type not in ("BatchMatMulV2", "BatchMatMulV3"):
+            continue
+        a, b = (t.shape for t in op.inputs[:2])
+        if a.rank is None or b.rank is None:
+            continue
+        n = max(a.rank, b.rank) - 2
+        batch_a = [1] * (n - a.rank + 2) + a.as_list()[:-2]
+        batch_b = [1] * (n - b.rank + 2) + b.as_list()[:-2]
+        if batch_a != batch_b and any(x == 1 and y == 1 for x, y in zip(batch_a, batch_b)):
+            found.append((op, a, b))
+    return found
+
+
+def checked_vectorized_map(fn, elems):
+    """`tf.vectorized_map(fn, elems)`, or None where TF would compute it wrongly.
+
+    The vectorized computation is traced first and its graph scanned
+    (`miscomputed_batch_matmuls`); it runs only where the scan finds nothing.
+
+    Args:
+        fn: callable. As for `tf.vectorized_map`.
+        elems: a nest of tensors, batch first.
+
+    Returns:
+        (outputs, found): `fn`'s vectorized outputs and [], or None and the
+        scan's findings.
+    """
+    flat = tf.nest.flatten(elems)
+
+    def vectorized(*flat_elems):
+        return tf.vectorized_map(fn, tf.nest.pack_sequence_as(elems, list(flat_elems)))
+
+    concrete = tf.function(vectorized, autograph=False).get_concrete_function(*flat)
+    found = miscomputed_batch_matmuls(concrete.graph)
+    if found:
+        return None, found
+    return concrete(*flat), []

@@ -2,8 +2,8 @@
 
 The fast clipping methods need, for every trainable layer, its input and the
 gradient of the (summed, per-example) loss with respect to its pre-activation
-output. Because examples never interact (no BatchNorm; `model_probe` refuses
-any other layer that mixes them), the gradient of the summed loss with respect
+output. Because examples never interact (the rules refuse BatchNorm in
+training mode; `model_probe` refuses any other layer that mixes them), the gradient of the summed loss with respect
 to example i's activations is example i's own gradient, so one batched
 backward pass gives every per-example output gradient.
 
@@ -110,23 +110,31 @@ def own_trainable_variables(layer):
     return [v for v in getattr(layer, "_trainable_variables", []) if v.trainable]
 
 
-def refuse_batch_norm(layer):
-    """Raises for a BatchNormalization layer, trainable or frozen."""
-    raise ValueError(
-        f"Layer '{layer.name}' is a BatchNormalization layer. Batch "
-        "statistics mix examples, so per-example gradients (and hence DP) "
-        "are undefined. Convert the model with "
-        "`tfdp.models.replace_batchnorm(model, groups=32)`. "
-        f"Received: layer={layer.name!r}"
-    )
+_layer_checks = []
+
+
+def add_layer_check(check):
+    """Registers `check(layer)`, run by `tapped_layers` on every layer of a model.
+
+    The rules registry (`tfdp.dp.rules`) registers the check that raises
+    for a layer no method can clip (e.g. a BatchNormalization that can run
+    on batch statistics), so that this module needs no layer types.
+    """
+    if check not in _layer_checks:
+        _layer_checks.append(check)
 
 
 def tapped_layers(model):
-    """All layers (recursively) that directly own trainable variables."""
+    """All layers (recursively) that directly own trainable variables.
+
+    Raises:
+        ValueError: from a registered check (`add_layer_check`), for a layer
+            that no clipping method can handle, trainable or not.
+    """
     found = []
     for layer in model._flatten_layers(include_self=True, recursive=True):
-        if isinstance(layer, keras.layers.BatchNormalization):
-            refuse_batch_norm(layer)  # Even when frozen: never silently skip.
+        for check in _layer_checks:
+            check(layer)  # Even on layers without trainable variables.
         if own_trainable_variables(layer):
             found.append(layer)
     return found

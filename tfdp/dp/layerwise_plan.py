@@ -32,6 +32,7 @@ class LayerPlan:
     # A conv ghost norm whose U Uᵀ comes from the pixel Gram, without
     # unfolding the input (`layer_grads.conv_input_gram`).
     pixel_gram: bool = False
+    why: str = ""  # Why the mode (the rule's `Cost.why`).
 
     @property
     def rule(self):
@@ -47,6 +48,9 @@ class DPPlan:
     layers: list
 
     requested: str = "auto"
+    # (layer name, remark) for layers accepted without a per-layer rule of
+    # their own, e.g. frozen BatchNormalization (`rules.notes`).
+    notes: list = dataclasses.field(default_factory=list)
 
     def _kept(self, layer):
         if self.method == "bk":
@@ -85,7 +89,7 @@ class DPPlan:
 
     def __str__(self):
         header = (f"{'layer':<40} {'kind':<10} {'T':>6} {'p':>6} {'D':>7} {'rule':<12} "
-                  f"{'params':>9} {'work':>10} {'kept':>10}")
+                  f"{'params':>9} {'work':>10} {'kept':>10}  why")
         lines = [
             f"DP plan: method={self.method}, physical batch={self.batch_size}",
             self.reason(),
@@ -96,8 +100,10 @@ class DPPlan:
             lines.append(
                 f"{layer.name[:40]:<40} {layer.kind:<10} {layer.t:>6} {layer.p:>6} "
                 f"{layer.d:>7} {layer.rule:<12} {layer.params:>9} "
-                f"{_mb(layer.memory_bytes):>10} {_mb(self._kept(layer)):>10}"
+                f"{_mb(layer.memory_bytes):>10} {_mb(self._kept(layer)):>10}  {layer.why}"
             )
+        for name, note in self.notes:
+            lines.append(f"{name}: {note}")
         lines.append(
             "estimated clipping memory for the physical batch: "
             f"{_mb(self.memory_bytes)} (largest layer's work, freed before the next layer's, "
@@ -141,6 +147,6 @@ def plan(model, input_shape, batch_size, method="auto", input_dtype="float32"):
         cost = rule.cost(layer, records, method, batch_size)
         layers.append(LayerPlan(
             layer.name, rule.name, cost.t, cost.p, cost.d, cost.mode, params,
-            cost.memory_bytes, cost.kept_bytes, pixel_gram=cost.pixel_gram,
+            cost.memory_bytes, cost.kept_bytes, pixel_gram=cost.pixel_gram, why=cost.why,
         ))
-    return DPPlan(method, batch_size, layers, requested)
+    return DPPlan(method, batch_size, layers, requested, rules.notes(model))

@@ -67,16 +67,16 @@ class Conv2DRuleTest(rule_test_case.RuleTestCase):
                 self.assertAllClose(a, b, rtol=1e-5, atol=1e-6)
         self.assertIn((1, 2), chunks)
 
-    def test_grouped_conv_falls_back_to_generic(self):
+    def test_grouped_conv_takes_the_conv_rule(self):
         inp = keras.Input((6, 6, 4))
         h = keras.layers.Conv2D(4, 3, groups=2, name="grouped")(inp)
         h = keras.layers.GlobalAveragePooling2D()(h)
         model = keras.Model(inp, keras.layers.Dense(3)(h))
         kinds = {l.name: l.kind for l in dp.plan(model, (6, 6, 4), 6).layers}
-        self.assertEqual(kinds["grouped"], "generic")
+        self.assertEqual(kinds["grouped"], "conv")
         self.assert_rule_matches_naive(
             model, rule_test_case.images(6, 6, channels=4), tf.constant([0, 1, 2, 0, 1, 2]),
-            "generic",
+            "conv",
         )
 
 

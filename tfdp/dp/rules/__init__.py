@@ -15,8 +15,10 @@ from tfdp.dp.rules.registry import LayerClip
 from tfdp.dp.rules.registry import Rule
 from tfdp.dp.rules.registry import TAPPED_METHODS
 from tfdp.dp.rules.registry import install_taps
+from tfdp.dp.rules.registry import notes
 from tfdp.dp.rules.registry import register_rule
 from tfdp.dp.rules.registry import rule_for
+from tfdp.dp.rules.registry import weight_decay_variables
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")

@@ -198,6 +198,9 @@ class DepthwiseConvRule(registry.Rule):
 
         return call
 
+    def decays(self, layer, variable):
+        return variable is not getattr(layer, "bias", None)
+
     def clip(self, layer, records, output_grads, context):
         return DepthwiseClip(layer, records, output_grads, context)
 
@@ -210,14 +213,17 @@ class DepthwiseConvRule(registry.Rule):
         mode = layer_grads.INSTANTIATE
         work = 0
         p = d = 0
+        why = "depthwise: 2T²≥pD per channel"
         if isinstance(layer, keras.layers.SeparableConv2D):
             p, d = int(layer.pointwise_kernel.shape[-1]), int(layer.pointwise_kernel.shape[-2])
             mode = (layer_grads.linear_norm_mode(t, p, d, method)
                     if method in registry.TAPPED_METHODS else layer_grads.INSTANTIATE)
+            if method in registry.TAPPED_METHODS:
+                why = "pointwise " + registry.layerwise_why(t, p, d, method)
             if mode == layer_grads.GHOST:
                 work = 2 * t * t
             else:
                 instantiated += p * d
         memory = batch_size * (instantiated + work) * registry.BYTES
         kept = batch_size * (instantiated + (t * p if mode == layer_grads.GHOST else 0))
-        return registry.Cost(t, p, d, mode, memory, kept * registry.BYTES)
+        return registry.Cost(t, p, d, mode, memory, kept * registry.BYTES, why=why)

@@ -86,5 +86,6 @@ class ElementwiseRule(registry.Rule):
         kept = batch_size * size * registry.BYTES
         if isinstance(layer, vit_layers.AddPositionEmbedding):
             # The per-example gradient is G itself: no work memory.
-            return registry.Cost(0, size, 1, layer_grads.GHOST, 0, kept)
-        return registry.Cost(0, size, 1, layer_grads.INSTANTIATE, kept, kept)
+            return registry.Cost(0, size, 1, layer_grads.GHOST, 0, kept, why="gradient is G")
+        return registry.Cost(0, size, 1, layer_grads.INSTANTIATE, kept, kept,
+                             why="C per example")

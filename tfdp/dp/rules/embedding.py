@@ -62,4 +62,5 @@ class EmbeddingRule(registry.Rule):
         t = sum(int(tf.size(r.inputs)) for r in records)
         p, d = int(layer.embeddings.shape[1]), int(layer.embeddings.shape[0])
         memory = batch_size * 2 * t * t * registry.BYTES
-        return registry.Cost(t, p, d, layer_grads.GHOST, memory, batch_size * t * p * registry.BYTES)
+        return registry.Cost(t, p, d, layer_grads.GHOST, memory,
+                             batch_size * t * p * registry.BYTES, why="token ids")

@@ -1,6 +1,7 @@
 """The fallback rule: per-example gradients of any layer by vectorized VJPs."""
 
 import keras
+from keras.src.layers.convolutional import base_conv
 import tensorflow as tf
 
 from tfdp.dp import layer_grads
@@ -14,7 +15,9 @@ def generic_per_example_grads(layer, records, output_grads, variables):
     Each example's recorded input is run through the layer again, alone, and
     differentiated against its output gradient. Exact for any layer whose
     output for an example depends only on that example's input
-    (`model_probe` refuses the others). Where the layer draws random numbers
+    (`model_probe` refuses the others). Where TF would vectorize the layer
+    wrongly (`layer_grads.miscomputed_batch_matmuls`) the examples run one
+    at a time. Where the layer draws random numbers
     (in-layer dropout) the recomputation draws its own; the norm and the
     clipped sum then both come from these gradients, so the bound holds.
     """
@@ -32,7 +35,13 @@ def generic_per_example_grads(layer, records, output_grads, variables):
                 unconnected_gradients=tf.UnconnectedGradients.ZERO,
             )
 
-        grads = tf.vectorized_map(one_example, (record.inputs, grad))
+        grads, found = layer_grads.checked_vectorized_map(one_example, (record.inputs, grad))
+        if found:
+            # TF would vectorize this layer wrongly: one example at a time.
+            grads = tf.map_fn(
+                one_example, (record.inputs, grad),
+                fn_output_signature=[tf.TensorSpec(v.shape, v.dtype) for v in variables],
+            )
         total = grads if total is None else [a + b for a, b in zip(total, grads)]
     return total
 
@@ -43,6 +52,8 @@ class InstantiatingRule(registry.Rule):
     The sum is always formed from them ("ghost"/"mixed" too): they exist
     already, and the second backward pass need not compute what they do.
     """
+
+    why = "per-example VJPs"  # Why instantiated, shown by `dp.plan`.
 
     def per_example_grads(self, layer, records, output_grads, variables):
         """Per-row gradients, one [B·k, ...] tensor per variable."""
@@ -59,7 +70,7 @@ class InstantiatingRule(registry.Rule):
     def cost(self, layer, records, method, batch_size):
         params = sum(int(v.numpy().size) for v in layer_taps.own_trainable_variables(layer))
         memory = batch_size * params * registry.BYTES
-        return registry.Cost(0, 0, 0, layer_grads.INSTANTIATE, memory, memory)
+        return registry.Cost(0, 0, 0, layer_grads.INSTANTIATE, memory, memory, why=self.why)
 
 
 @registry.register_rule(keras.layers.Layer)
@@ -67,6 +78,12 @@ class GenericRule(InstantiatingRule):
     """Any layer without a dedicated rule (e.g. a custom layer or EinsumDense)."""
 
     name = "generic"
+
+    def decays(self, layer, variable):
+        # Conv and dense kernels on this rule (a modified `call`, groups,
+        # mixed precision) are decayed as on their own rules.
+        kernels = (keras.layers.Dense, keras.layers.EinsumDense, base_conv.BaseConv)
+        return isinstance(layer, kernels) and variable is getattr(layer, "kernel", None)
 
     def per_example_grads(self, layer, records, output_grads, variables):
         return generic_per_example_grads(layer, records, output_grads, variables)

@@ -53,6 +53,9 @@ class LinearClip(registry.LayerClip):
 class LinearRule(registry.Rule):
     """Base of the rules of layers whose kernel gradient is U_iᵀ G_i."""
 
+    def decays(self, layer, variable):
+        return variable is layer.kernel
+
     def factors(self, layer, records, output_grads, k):
         """The layer's `layer_grads.LinearFactors` (U and G in [B, T, ·] form)."""
         return layer_grads.LinearFactors(layer, records, output_grads, k)
@@ -85,9 +88,11 @@ class LinearRule(registry.Rule):
             # one example at a time, with no unfolded input.
             memory = batch_size * d * p
         kept = batch_size * (t * p if mode == layer_grads.GHOST else d * p)
+        why = (registry.layerwise_why(t, p, d, method) if method in registry.TAPPED_METHODS
+               else f"method={method}")
         return registry.Cost(
             t, p, d, mode, memory * registry.BYTES, kept * registry.BYTES,
-            pixel_gram=bool(geometry),
+            pixel_gram=bool(geometry), why=why,
         )
 
     def ghost_geometry(self, layer, records):

@@ -5,8 +5,8 @@ example ∂L/∂γ = Σ g ⊙ x̂ and ∂L/∂β = Σ g over the axes γ does no
 output gradient. tfdp's `GroupNormalization` (`tfdp.models`) records its own
 per-channel statistics; Keras's is computed op for op by the tap. Layers
 outside the closed form (mixed precision, a GroupNormalization on a non-last
-axis, a modified `call`) get the generic rule. BatchNormalization is refused
-(`layer_taps.refuse_batch_norm`).
+axis, a modified `call`) get the generic rule. BatchNormalization has its own
+rule (`batch_norm`).
 """
 
 import keras
@@ -97,6 +97,7 @@ class NormRule(generic.InstantiatingRule):
     """Per-example γ/β gradients in closed form (no recomputation of the layer)."""
 
     name = "norm"
+    why = "γ/β closed form"
 
     def tapped_call(self, layer, original):
         if not isinstance(layer, keras.layers.GroupNormalization):

@@ -58,6 +58,47 @@ def rule_for(layer):
     )
 
 
+def check_layer(layer):
+    """Raises where `layer`'s rule refuses it (`Rule.check`)."""
+    rule_for(layer).check(layer)
+
+
+layer_taps.add_layer_check(check_layer)
+
+
+def weight_decay_variables(model):
+    """The trainable variables that in-loss weight decay applies to by default.
+
+    Each layer's rule answers for its own variables (`Rule.decays`): conv,
+    dense and einsum kernels, the variables the paper decays.
+    """
+    return [
+        v
+        for layer in layer_taps.tapped_layers(model)
+        for v in layer_taps.own_trainable_variables(layer)
+        if rule_for(layer).decays(layer, v)
+    ]
+
+
+def notes(model):
+    """(layer name, note) for layers that a rule accepts with a remark (`Rule.note`)."""
+    found = []
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        note = rule_for(layer).note(layer)
+        if note:
+            found.append((layer.name, note))
+    return found
+
+
+def layerwise_why(t, p, d, method):
+    """Why `layer_grads.linear_norm_mode` chose its mode, for `dp.plan`."""
+    if method == "ghost":
+        return "method=ghost"
+    if t == 1:
+        return "T=1"
+    return "2T²<pD" if 2 * t * t < p * d else "2T²≥pD"
+
+
 def install_taps(model):
     """Patches every trainable layer of `model` once with its rule's tap.
 
@@ -120,6 +161,7 @@ class Cost:
             for a ghost norm.
         pixel_gram: bool. A conv ghost norm whose U Uᵀ comes from the pixel
             Gram (`layer_grads.conv_input_gram`).
+        why: str. Why the mode, in a few words (e.g. "2T²<pD").
     """
 
     t: int
@@ -129,6 +171,7 @@ class Cost:
     memory_bytes: int
     kept_bytes: int = 0
     pixel_gram: bool = False
+    why: str = ""
 
 
 class LayerClip:
@@ -189,8 +232,10 @@ class Rule:
     """How the tapped clipping methods handle one kind of layer.
 
     Subclasses set `name` (shown in plans) and override `clip` and `cost`;
-    `applies` narrows the registered classes (e.g. to an unmodified `call`)
-    and `tapped_call` records what `clip` needs.
+    `applies` narrows the registered classes (e.g. to an unmodified `call`),
+    `tapped_call` records what `clip` needs, `decays` says which variables
+    take weight decay by default, and `check` and `note` refuse or remark on
+    a layer (also one without trainable variables).
     """
 
     name = "rule"
@@ -198,6 +243,17 @@ class Rule:
     def applies(self, layer):
         """Whether this rule handles `layer` (an instance of a registered class)."""
         return True
+
+    def check(self, layer):
+        """Raises a `ValueError` naming the cause where no method can clip `layer`."""
+
+    def note(self, layer):
+        """A remark for `dp.plan` on a layer this rule accepts, or None."""
+        return None
+
+    def decays(self, layer, variable):
+        """Whether in-loss weight decay applies to `variable` by default."""
+        return False
 
     def tapped_call(self, layer, original):
         """The `call` installed on `layer`: records each call when taps are on."""
