@@ -131,6 +131,69 @@ class ClippingEquivalenceTest(dp_test_case.DPTestCase, parameterized.TestCase):
             model, dp_test_case.per_example_xent, x, y, ALL_METHODS, sample_weight=_weights(6),
         )
 
+    def test_vit_like_attention_block(self):
+        # Rules einsum_dense (attention projections), elementwise (class
+        # token, position embedding, layer scale), norm, dense and conv2d.
+        inp = keras.Input((8, 8, 3))
+        h = keras.layers.Conv2D(8, 4, strides=4)(inp)
+        h = keras.layers.Reshape((4, 8))(h)
+        h = models.vit_layers.ClassToken(initializer="random_normal")(h)
+        h = models.vit_layers.AddPositionEmbedding()(h)
+        y = keras.layers.LayerNormalization(epsilon=1e-6)(h)
+        attention = keras.layers.MultiHeadAttention(2, 4)
+        y = attention(y, y)
+        # Softmax cancels the key bias: its gradient is rounding noise.
+        attention._key_dense.bias.trainable = False
+        h = h + models.vit_layers.LayerScale(0.5)(y)
+        h = h + keras.layers.Dense(8)(keras.layers.Dense(16, activation="gelu")(h))
+        h = keras.layers.Lambda(lambda t: t[:, 0])(h)
+        model = keras.Model(inp, keras.layers.Dense(3)(h))
+        self.assertNotIn("generic", {l.kind for l in dp.plan(model, (8, 8, 3), 6).layers})
+        self._check_image_model(model, 8, weight_decay=0.01)
+
+    def test_depthwise_and_separable_geometries(self):
+        inp = keras.Input((10, 10, 3))
+        h = keras.layers.DepthwiseConv2D(3, strides=2, padding="same", depth_multiplier=2)(inp)
+        h = keras.layers.DepthwiseConv2D(3, dilation_rate=2, padding="same", use_bias=False)(h)
+        h = keras.layers.DepthwiseConv2D((3, 2), padding="valid", activation="relu")(h)
+        h = keras.layers.SeparableConv2D(8, 3, dilation_rate=2, padding="same")(h)
+        h = keras.layers.SeparableConv2D(6, 2, strides=2, use_bias=False)(h)
+        h = keras.layers.GlobalAveragePooling2D()(h)
+        model = keras.Model(inp, keras.layers.Dense(3)(h))
+        self.assertEqual({l.kind for l in dp.plan(model, (10, 10, 3), 6).layers},
+                         {"depthwise", "dense"})
+        self._check_image_model(model, 10, weight_decay=0.01)
+
+    def test_vectorized_refuses_what_tf_would_miscompute(self):
+
+        class Projection(keras.layers.Layer):
+            """A matmul of [B, T, D] by [D, p]: vectorized per example, a
+            broadcasting BatchMatMul that oneDNN's CPU kernel gets wrong."""
+
+            def build(self, shape):
+                self.w = self.add_weight(shape=(shape[-1], 4))
+
+            def call(self, x):
+                return tf.matmul(x, self.w)
+
+        inp = keras.Input((5, 6))
+        h = Projection(name="projection")(inp)
+        h = keras.layers.GlobalAveragePooling1D()(h)
+        model = keras.Model(inp, keras.layers.Dense(3)(h))
+        x = tf.random.stateless_normal([6, 5, 6], seed=[1, 2])
+        y = tf.constant([0, 1, 2, 0, 1, 2])
+        loss = dp_test_case.per_example_xent
+        probe = tf.function(lambda t: tf.vectorized_map(lambda r: tf.matmul(r[None], model.layers[1].w), t))
+        miscomputed = layer_grads.miscomputed_batch_matmuls(
+            probe.get_concrete_function(x).graph)
+        if miscomputed:  # oneDNN on, on a CPU: refused, the process survives.
+            with self.assertRaisesRegex(ValueError, "layer 'projection'.*method='bk'"):
+                dp.clipped_grad_sum(model, loss, x, y, l2_norm_clip=1.0, method="vectorized")
+            methods = ("ghost", "mixed", "bk")  # The generic rule loops over examples.
+        else:
+            methods = ("vectorized", "ghost", "mixed", "bk")
+        self.assert_methods_match_naive(model, loss, x, y, methods)
+
     def test_padding_contributes_nothing(self):
         model = models.small_convnet(num_classes=10, input_shape=(28, 28, 1))
         x = _images(4, 28, channels=1)
