@@ -108,7 +108,7 @@ class CliSubprocessTest(absltest.TestCase):
     def test_help_shows_the_sampler_flag(self):
         proc = _run("--help")
         self.assertEqual(proc.returncode, 0, proc.stderr)
-        self.assertIn("--sampler {poisson,shuffle}", proc.stdout)
+        self.assertIn("--sampler {poisson,shuffle", proc.stdout)
 
 
 class CliInProcessTest(parameterized.TestCase):

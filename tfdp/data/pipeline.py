@@ -120,7 +120,7 @@ def _find_substitute(dataset, preprocess_fn):
 _GUARD_CHUNK = 32
 
 
-def _guarded_map(ds, preprocess_fn, substitute_fn):
+def guarded_map(ds, preprocess_fn, substitute_fn):
     """`(image, label, weight, last, seed, *extra)` -> `(image, label, weight, last, skipped, *extra)`.
 
     Decoded images go through `preprocess_fn` in a plain parallel map. For
@@ -132,6 +132,18 @@ def _guarded_map(ds, preprocess_fn, substitute_fn):
     skipped one (weight 0, zero image, label 0). Order is kept. The caller
     counts the skipped examples per batch, from the `skipped` component.
     Any `extra` components pass through unchanged.
+
+    Args:
+        ds: `tf.data.Dataset` of `(image, label, weight, last, seed, *extra)`;
+            `image` decoded, or encoded bytes (`tf.string`).
+        preprocess_fn: callable. `(image, seed) -> image`; for encoded
+            images it also decodes.
+        substitute_fn: callable. `() -> image`: an encoded image that
+            `preprocess_fn` accepts; its output gives the zero image of a
+            skipped example. Called only for encoded images.
+
+    Returns:
+        The mapped `tf.data.Dataset`.
     """
     encoded = ds.element_spec[0].dtype == tf.string
 
@@ -246,7 +258,7 @@ def _indexed_train_pipeline(
         )
     ds = tf.data.Dataset.range(start_step, num_steps).flat_map(step_elements)
     ds = ds.map(fetch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    ds = _guarded_map(
+    ds = guarded_map(
         ds, preprocess_fn, lambda: _find_substitute(source.as_dataset(), preprocess_fn)
     )
     if pad_granule == p:
@@ -260,7 +272,7 @@ def _reads_batches(source):
     """Whether `source` serves whole physical batches (`fetch_batch`).
 
     Only decoded images qualify: an encoded one may fail to decode, and
-    `_guarded_map` must isolate it example by example.
+    `guarded_map` must isolate it example by example.
     """
     return hasattr(source, "fetch_batch") and not getattr(source, "encoded", True)
 
@@ -433,7 +445,7 @@ def _streaming_train_pipeline(
     ds = tf.data.Dataset.zip((ds, counter)).map(
         attach, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True
     )
-    ds = _guarded_map(
+    ds = guarded_map(
         ds, preprocess_fn,
         lambda: _find_substitute(source.as_dataset(shuffle=False), preprocess_fn),
     )
@@ -736,7 +748,7 @@ def make_eval_pipeline(
                 image, label, tf.constant(1.0), tf.constant(False), tf.zeros([2], tf.int64)
             )
         )
-        ds = _guarded_map(
+        ds = guarded_map(
             ds, seeded, lambda: _find_substitute(source.as_dataset(shuffle=False), seeded)
         )
         ds = ds.batch(batch_size).map(_pad_batch(batch_size, decode_stats))

@@ -544,7 +544,7 @@ def _decode_in_memory(encoded, info, decode_fn=None):
     ds = ds.map(
         lambda image: (image, 0, 1.0, False, tf.zeros([2], tf.int64)),
     )
-    ds = pipeline._guarded_map(  # pylint: disable=protected-access
+    ds = pipeline.guarded_map(
         ds,
         decode,
         lambda: pipeline._find_substitute(  # pylint: disable=protected-access

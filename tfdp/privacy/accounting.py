@@ -17,7 +17,6 @@ No TensorFlow is imported here, so `python -m tfdp.privacy` starts quickly.
 import fractions
 import functools
 import math
-import numbers
 import warnings
 
 from absl import logging as absl_logging
@@ -26,6 +25,11 @@ from dp_accounting import rdp as dp_rdp
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from tfdp import samplers
+from tfdp.validation import is_int
+from tfdp.validation import is_real
+from tfdp.validation import validate_delta
+from tfdp.validation import validate_noise_multiplier
+from tfdp.validation import validate_steps
 
 ACCOUNTANTS = ("rdp", "pld")
 SAMPLERS = samplers.names()
@@ -44,46 +48,6 @@ PLD_DISCRETIZATION = 1e-4
 # --------------------------------------------------------------------------
 # Validation.
 # --------------------------------------------------------------------------
-
-
-def _is_int(value):
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_real(value):
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def validate_noise_multiplier(noise_multiplier):
-    if not _is_real(noise_multiplier) or not math.isfinite(noise_multiplier):
-        raise ValueError(
-            "`noise_multiplier` must be a finite number. "
-            f"Received: noise_multiplier={noise_multiplier!r}"
-        )
-    if noise_multiplier < 0:
-        raise ValueError(
-            "`noise_multiplier` must be >= 0. "
-            f"Received: noise_multiplier={noise_multiplier!r}"
-        )
-    return float(noise_multiplier)
-
-
-def validate_steps(steps, name="steps"):
-    if not _is_int(steps):
-        raise ValueError(
-            f"`{name}` must be an integer. Received: {name}={steps!r}"
-        )
-    if steps < 0:
-        raise ValueError(f"`{name}` must be >= 0. Received: {name}={steps!r}")
-    return int(steps)
-
-
-def validate_delta(delta):
-    if not _is_real(delta) or not 0 < delta < 1:
-        raise ValueError(
-            f"`delta` must be in (0, 1). Received: delta={delta!r}"
-        )
-    return float(delta)
 
 
 def validate_accountant(accountant):
@@ -144,14 +108,14 @@ def resolve_sampling_rate(
         be `None`.
     """
     if dataset_size is not None:
-        if not _is_int(dataset_size) or dataset_size < 1:
+        if not is_int(dataset_size) or dataset_size < 1:
             raise ValueError(
                 "`dataset_size` must be an integer >= 1. "
                 f"Received: dataset_size={dataset_size!r}"
             )
         dataset_size = int(dataset_size)
     if batch_size is not None:
-        if not _is_int(batch_size) or batch_size < 1:
+        if not is_int(batch_size) or batch_size < 1:
             raise ValueError(
                 "`batch_size` must be an integer >= 1. "
                 f"Received: batch_size={batch_size!r}"
@@ -169,7 +133,7 @@ def resolve_sampling_rate(
                 f"dataset_size={dataset_size}"
             )
     if sampling_rate is not None:
-        if not _is_real(sampling_rate) or not 0 < sampling_rate <= 1:
+        if not is_real(sampling_rate) or not 0 < sampling_rate <= 1:
             raise ValueError(
                 "`sampling_rate` must be in (0, 1]. "
                 f"Received: sampling_rate={sampling_rate!r}"
@@ -208,26 +172,6 @@ def check_delta_against_dataset(delta, dataset_size, stacklevel=3):
             UserWarning,
             stacklevel=stacklevel,
         )
-
-
-def _validate_all(
-    noise_multiplier,
-    steps,
-    delta,
-    sampling_rate,
-    dataset_size,
-    batch_size,
-    accountant,
-    sampler,
-):
-    noise_multiplier = validate_noise_multiplier(noise_multiplier)
-    steps = validate_steps(steps)
-    delta = validate_delta(delta)
-    validate_accountant(accountant)
-    validate_sampler(sampler)
-    q, n, b = resolve_sampling_rate(sampling_rate, dataset_size, batch_size)
-    check_supported(accountant, sampler)
-    return noise_multiplier, steps, delta, q, n, b
 
 
 # tfdp's Gaussian sampler (`tfdp.dp.noise`) draws each pair of normals from
@@ -274,7 +218,7 @@ def steps_for_epochs(epochs, dataset_size, batch_size):
     Returns:
         The number of optimizer steps, an int.
     """
-    if not _is_real(epochs) or not math.isfinite(epochs) or epochs <= 0:
+    if not is_real(epochs) or not math.isfinite(epochs) or epochs <= 0:
         raise ValueError(f"`epochs` must be > 0. Received: epochs={epochs!r}")
     resolve_sampling_rate(None, dataset_size, batch_size)
     exact = fractions.Fraction(str(epochs)) * dataset_size / batch_size
@@ -320,15 +264,7 @@ def make_dp_event(
     steps = validate_steps(steps)
     validate_sampler(sampler)
     q, n, b = resolve_sampling_rate(sampling_rate, dataset_size, batch_size)
-    return _make_event(sigma, steps, q, n, b, sampler)
-
-
-def _make_event(sigma, steps, q, n, b, sampler):
     return samplers.for_accounting(sampler, q, n, b).dp_event(sigma, steps)
-
-
-def _relation(sampler):
-    return _sampler_type(sampler).neighboring_relation
 
 
 # --------------------------------------------------------------------------
@@ -394,17 +330,89 @@ def _pld_accountant(sampler, sigma, steps):
     return accountant
 
 
-def _epsilon(sigma, steps, delta, q, n, b, accountant, sampler):
-    """Epsilon for already validated arguments."""
+def _epsilon(sigma, steps, delta, accounted, accountant):
+    """Epsilon for validated arguments and the sampler as accounted."""
     if steps == 0:
         # No step ran, so nothing was released; this wins over sigma = 0.
         return 0.0
     if sigma == 0:
         return math.inf
-    accounted = samplers.for_accounting(sampler, q, n, b)
     if accountant == "rdp":
         return _rdp_epsilon(sigma, steps, delta, accounted)
     return float(_pld_accountant(accounted, sigma, steps).get_epsilon(delta))
+
+
+class PrivacyQuery:
+    """A validated accounting question: ε of a DP-SGD run.
+
+    Every argument is validated once, here, and δ is checked against the
+    dataset size (a `UserWarning` when δ >= 1/N). `epsilon()` then answers
+    for the run, or for the same run with another step count, noise
+    multiplier or δ: what `epsilon`, `epsilon_table`, `calibrate_noise`,
+    `max_steps_within` and `PrivacyLedger` ask.
+
+    Args:
+        noise_multiplier: float. σ >= 0 on the logical batch.
+        steps: int. Optimizer steps, >= 0.
+        delta: float. δ in (0, 1).
+        sampling_rate: float or None. `q` in (0, 1]. Defaults to `None`.
+        dataset_size: int or None. `N`; with `batch_size`, `q = B / N`.
+            Defaults to `None`.
+        batch_size: int or None. `B`. Defaults to `None`.
+        accountant: str. `"rdp"` or `"pld"`. Defaults to `"rdp"`.
+        sampler: str or `tfdp.samplers.Sampler`. `"poisson"` or
+            `"shuffle"`, or a sampler instance. Defaults to `"poisson"`.
+        stacklevel: int. Where the δ warning points: 2 is the caller of
+            `PrivacyQuery`. Defaults to 2.
+    """
+
+    def __init__(
+        self,
+        noise_multiplier,
+        steps,
+        delta,
+        *,
+        sampling_rate=None,
+        dataset_size=None,
+        batch_size=None,
+        accountant="rdp",
+        sampler="poisson",
+        stacklevel=2,
+    ):
+        self.noise_multiplier = validate_noise_multiplier(noise_multiplier)
+        self.steps = validate_steps(steps)
+        self.delta = validate_delta(delta)
+        self.accountant = validate_accountant(accountant)
+        self.sampler = validate_sampler(sampler)
+        self.sampling_rate, self.dataset_size, self.batch_size = resolve_sampling_rate(
+            sampling_rate, dataset_size, batch_size
+        )
+        check_supported(accountant, sampler)
+        check_delta_against_dataset(self.delta, self.dataset_size, stacklevel=stacklevel + 1)
+        self._accounted = samplers.for_accounting(
+            sampler, self.sampling_rate, self.dataset_size, self.batch_size
+        )
+
+    def epsilon(self, steps=None, noise_multiplier=None, delta=None):
+        """ε of the run, or of the run with other steps, σ or δ.
+
+        Args:
+            steps: int or None. Total steps. Defaults to the query's.
+            noise_multiplier: float or None. σ. Defaults to the query's.
+            delta: float or None. δ. Defaults to the query's.
+
+        Returns:
+            Epsilon as a float: `0.0` when `steps == 0`, `inf` when σ = 0
+            (and `steps > 0`).
+        """
+        return _epsilon(
+            self.noise_multiplier if noise_multiplier is None
+            else validate_noise_multiplier(noise_multiplier),
+            self.steps if steps is None else validate_steps(steps),
+            self.delta if delta is None else validate_delta(delta),
+            self._accounted,
+            self.accountant,
+        )
 
 
 def epsilon(
@@ -449,18 +457,11 @@ def epsilon(
         Epsilon as a float: `0.0` when `steps == 0`, `inf` when
         `noise_multiplier == 0` (and `steps > 0`).
     """
-    sigma, steps, delta, q, n, b = _validate_all(
-        noise_multiplier,
-        steps,
-        delta,
-        sampling_rate,
-        dataset_size,
-        batch_size,
-        accountant,
-        sampler,
-    )
-    check_delta_against_dataset(delta, n)
-    return _epsilon(sigma, steps, delta, q, n, b, accountant, sampler)
+    return PrivacyQuery(
+        noise_multiplier, steps, delta, sampling_rate=sampling_rate,
+        dataset_size=dataset_size, batch_size=batch_size, accountant=accountant,
+        sampler=sampler, stacklevel=3,
+    ).epsilon()
 
 
 def epsilon_table(
@@ -503,34 +504,29 @@ def epsilon_table(
         raise ValueError(
             f"`deltas` must not be empty. Received: deltas={deltas}"
         )
-    validated = None
-    for acc in accountants:
-        for delta in deltas:
-            validated = _validate_all(
-                noise_multiplier,
-                steps,
-                delta,
-                sampling_rate,
-                dataset_size,
-                batch_size,
-                acc,
-                sampler,
-            )
-    sigma, steps, _, q, n, b = validated
-    check_delta_against_dataset(max(deltas), n)
+    deltas = tuple(validate_delta(delta) for delta in deltas)
+    # One query per accountant, asked at each delta; the δ warning is for
+    # the largest δ.
+    queries = {
+        acc: PrivacyQuery(
+            noise_multiplier, steps, max(deltas), sampling_rate=sampling_rate,
+            dataset_size=dataset_size, batch_size=batch_size, accountant=acc,
+            sampler=sampler, stacklevel=3,
+        )
+        for acc in accountants
+    }
+    query = queries[accountants[0]]
     rows = []
     for delta in deltas:
         row = {
-            "delta": float(delta),
-            "noise_multiplier": sigma,
-            "sampling_rate": q,
-            "steps": steps,
+            "delta": delta,
+            "noise_multiplier": query.noise_multiplier,
+            "sampling_rate": query.sampling_rate,
+            "steps": query.steps,
             "sampler": sampler,
         }
         for acc in accountants:
-            row[f"epsilon_{acc}"] = _epsilon(
-                sigma, steps, float(delta), q, n, b, acc, sampler
-            )
+            row[f"epsilon_{acc}"] = queries[acc].epsilon(delta=delta)
         rows.append(row)
     return rows
 

@@ -2,6 +2,7 @@
 
 import math
 
+from tfdp import validation
 from tfdp.privacy import accounting
 
 # Calibration searches sigma in this range. Below the floor a run gives no
@@ -15,19 +16,6 @@ MAX_NOISE_MULTIPLIER = 1e4
 
 # `max_steps_within` doubles up to this many steps before giving up.
 MAX_STEPS = 2**48
-
-
-def _validate_target(target_epsilon):
-    if (
-        not accounting._is_real(target_epsilon)
-        or math.isnan(target_epsilon)
-        or target_epsilon <= 0
-    ):
-        raise ValueError(
-            "`target_epsilon` must be > 0. "
-            f"Received: target_epsilon={target_epsilon!r}"
-        )
-    return float(target_epsilon)
 
 
 def calibrate_noise(
@@ -81,29 +69,22 @@ def calibrate_noise(
     Returns:
         The noise multiplier, a float.
     """
-    target = _validate_target(target_epsilon)
-    if not accounting._is_real(tolerance) or not 0 < tolerance < 1:
+    target = validation.validate_epsilon(target_epsilon)
+    if not validation.is_real(tolerance) or not 0 < tolerance < 1:
         raise ValueError(
             f"`tolerance` must be in (0, 1). Received: tolerance={tolerance!r}"
         )
-    _, steps, delta, q, n, b = accounting._validate_all(
-        1.0,
-        steps,
-        delta,
-        sampling_rate,
-        dataset_size,
-        batch_size,
-        accountant,
-        sampler,
+    # σ = 1 stands in for the σ being searched; `eps` asks for each one.
+    query = accounting.PrivacyQuery(
+        1.0, steps, delta, sampling_rate=sampling_rate, dataset_size=dataset_size,
+        batch_size=batch_size, accountant=accountant, sampler=sampler, stacklevel=3,
     )
-    accounting.check_delta_against_dataset(delta, n)
+    steps, delta, q = query.steps, query.delta, query.sampling_rate
     if steps == 0:
         return 0.0
 
     def eps(sigma):
-        return accounting._epsilon(
-            sigma, steps, delta, q, n, b, accountant, sampler
-        )
+        return query.epsilon(noise_multiplier=sigma)
 
     guess, factor = 1.0, 2.0
     if accountant == "pld":
@@ -258,34 +239,24 @@ def max_steps_within(
     Returns:
         The number of steps, an int.
     """
-    target = _validate_budget(target_epsilon)
-    sigma, _, delta, q, n, b = accounting._validate_all(
-        noise_multiplier,
-        0,
-        delta,
-        sampling_rate,
-        dataset_size,
-        batch_size,
-        accountant,
-        sampler,
+    target = validation.validate_epsilon(target_epsilon, allow_zero=True)
+    query = accounting.PrivacyQuery(
+        noise_multiplier, 0, delta, sampling_rate=sampling_rate, dataset_size=dataset_size,
+        batch_size=batch_size, accountant=accountant, sampler=sampler, stacklevel=3,
     )
-    accounting.check_delta_against_dataset(delta, n)
-    return _max_steps_within(
-        target,
-        lambda t: accounting._epsilon(
-            sigma, t, delta, q, n, b, accountant, sampler
-        ),
-    )
+    return max_steps_for_query(target, query)
 
 
-def _validate_budget(target_epsilon):
-    if (
-        not accounting._is_real(target_epsilon)
-        or math.isnan(target_epsilon)
-        or target_epsilon < 0
-    ):
-        raise ValueError(
-            "`target_epsilon` must be >= 0. "
-            f"Received: target_epsilon={target_epsilon!r}"
-        )
-    return float(target_epsilon)
+def max_steps_for_query(target_epsilon, query):
+    """The largest step count whose epsilon under `query` is `<= target_epsilon`.
+
+    Args:
+        target_epsilon: float. Privacy budget, `>= 0`.
+        query: `tfdp.privacy.accounting.PrivacyQuery`. The run; its own
+            step count is ignored.
+
+    Returns:
+        The number of steps, an int.
+    """
+    target = validation.validate_epsilon(target_epsilon, allow_zero=True)
+    return _max_steps_within(target, lambda t: query.epsilon(steps=t))

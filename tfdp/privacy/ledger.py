@@ -81,26 +81,20 @@ class PrivacyLedger:
             isinstance(l2_norm_clip, (int, float)) and math.isfinite(l2_norm_clip) and l2_norm_clip > 0
         ):
             raise ValueError(f"l2_norm_clip must be > 0. Received: l2_norm_clip={l2_norm_clip!r}")
-        sigma, steps, delta, q, n, b = accounting._validate_all(
-            noise_multiplier,
-            steps,
-            delta,
-            sampling_rate,
-            dataset_size,
-            batch_size,
-            accountant,
-            accounting.validate_sampler(sampler),
+        self._query = accounting.PrivacyQuery(
+            noise_multiplier, steps, delta, sampling_rate=sampling_rate,
+            dataset_size=dataset_size, batch_size=batch_size, accountant=accountant,
+            sampler=sampler, stacklevel=3,
         )
-        accounting.check_delta_against_dataset(delta, n)
-        self._noise_multiplier = sigma
-        self._sampling_rate = q
-        self._delta = delta
+        self._noise_multiplier = self._query.noise_multiplier
+        self._sampling_rate = self._query.sampling_rate
+        self._delta = self._query.delta
         self._sampler = sampler
         self._accountant = accountant
-        self._dataset_size = n
-        self._batch_size = b
+        self._dataset_size = self._query.dataset_size
+        self._batch_size = self._query.batch_size
         self._l2_norm_clip = None if l2_norm_clip is None else float(l2_norm_clip)
-        self._steps = steps
+        self._steps = self._query.steps
 
     # The parameters are fixed for a ledger's life (changing them would make
     # the accumulated steps mean something else); only `steps` moves.
@@ -128,16 +122,7 @@ class PrivacyLedger:
         return self._steps
 
     def _epsilon(self, steps, noise_multiplier=None):
-        return accounting._epsilon(
-            self._noise_multiplier if noise_multiplier is None else noise_multiplier,
-            steps,
-            self._delta,
-            self._sampling_rate,
-            self._dataset_size,
-            self._batch_size,
-            self._accountant,
-            self._sampler,
-        )
+        return self._query.epsilon(steps=steps, noise_multiplier=noise_multiplier)
 
     def epsilon(self):
         """Returns epsilon after the steps recorded so far."""
@@ -174,24 +159,6 @@ class PrivacyLedger:
     def adjacency_description(self):
         """The neighbouring relation of `adjacency`, in words."""
         return samplers.sampler_class(self._sampler).adjacency_description
-
-    @property
-    def privacy_unit(self):
-        """What `epsilon()` protects: "example", or "user" (all of one user's data).
-
-        The sampler's (`tfdp.samplers.Sampler.privacy_unit`); with "user",
-        `dataset_size` and `batch_size` count users.
-        """
-        return samplers.sampler_class(self._sampler).privacy_unit
-
-    @property
-    def privacy_unit(self):
-        """What `epsilon()` protects: "example", or "user" (all of one user's data).
-
-        The sampler's (`tfdp.samplers.Sampler.privacy_unit`); with "user",
-        `dataset_size` and `batch_size` count users.
-        """
-        return samplers.sampler_class(self._sampler).privacy_unit
 
     @property
     def privacy_unit(self):
@@ -254,8 +221,7 @@ class PrivacyLedger:
         Returns:
             The number of steps (in total, not remaining), an int.
         """
-        target = calibration._validate_budget(target_epsilon)
-        return calibration._max_steps_within(target, self._epsilon)
+        return calibration.max_steps_for_query(target_epsilon, self._query)
 
     def differences(self, other):
         """The fixed parameters (all but `steps`) on which two ledgers differ.
