@@ -301,7 +301,8 @@ def _check_weights_file(weights):
             f"Pretrained weights file not found: {path!r}. Put the file at that path "
             "(a `.keras` model, a `.weights.h5` file saved with `model.save_weights`, "
             "or a keras.applications weights file of the backbone without its top), "
-            "or pass weights='imagenet' to let Keras download its ImageNet weights. "
+            "or, with a keras.applications `architecture`, pass weights='imagenet' to let "
+            "Keras download its ImageNet weights. "
             f"Received: weights={weights!r}"
         )
 
