@@ -11,6 +11,7 @@ from tests.dp import dp_test_case
 from tfdp import dp
 from tfdp import models
 from tfdp.dp import layer_grads
+from tfdp.dp.rules import conv as conv_rule
 
 ALL_METHODS = ("vectorized", "ghost", "mixed", "bk", "auto")
 
@@ -89,8 +90,8 @@ class ClippingEquivalenceTest(dp_test_case.DPTestCase, parameterized.TestCase):
         model = keras.Model(inp, keras.layers.Dense(3)(h))
         x = _images(6, 11, channels=48)
         y = tf.constant([0, 1, 2, 0, 1, 2])
-        gram = layer_grads.conv_input_gram
-        with mock.patch.object(layer_grads, "conv_input_gram", wraps=gram) as spy:
+        gram = conv_rule.conv_input_gram
+        with mock.patch.object(conv_rule, "conv_input_gram", wraps=gram) as spy:
             self.assert_methods_match_naive(
                 model, dp_test_case.per_example_xent, x, y, ALL_METHODS,
                 sample_weight=_weights(6), weight_decay=0.01,
@@ -300,9 +301,9 @@ class ConvInputGramTest(tf.test.TestCase, parameterized.TestCase):
         # Two calls of a shared layer, each with k rows per example.
         inputs = [tf.constant(rng.normal(size=(batch * k, 10, 12, 160)), tf.float32) for _ in range(2)]
         outputs = [layer(x) for x in inputs]
-        got = layer_grads.conv_input_gram(layer, inputs, outputs, k)
+        got = conv_rule.conv_input_gram(layer, inputs, outputs, k)
         self.assertIsNotNone(got)
-        u = tf.concat([layer_grads.flatten_bt(layer_grads.unfold_inputs(layer, x), k)
+        u = tf.concat([layer_grads.flatten_bt(conv_rule.unfold(layer, x), k)
                        for x in inputs], axis=1)
         want = tf.matmul(u, u, transpose_b=True)
         self.assertEqual(got.shape, want.shape)
@@ -314,15 +315,15 @@ class ConvInputGramTest(tf.test.TestCase, parameterized.TestCase):
         pointwise = self._tapped_conv(kernel_size=1)
         shared = self._tapped_conv(kernel_size=3, padding="same")
         small = tf.ones([2, 6, 6, 3])
-        self.assertIsNone(layer_grads.conv_input_gram(strided, [x], [strided(x)]))
-        self.assertIsNone(layer_grads.conv_input_gram(pointwise, [x], [pointwise(x)]))
+        self.assertIsNone(conv_rule.conv_input_gram(strided, [x], [strided(x)]))
+        self.assertIsNone(conv_rule.conv_input_gram(pointwise, [x], [pointwise(x)]))
         # One input channel: P (10² per example) is larger than U and U Uᵀ
         # (4·9·1 + 4²), so the unfolded route is taken.
         thin, thin_conv = tf.ones([2, 2, 2, 1]), self._tapped_conv(kernel_size=3, padding="same")
-        self.assertIsNone(layer_grads.conv_input_gram(thin_conv, [thin], [thin_conv(thin)]))
+        self.assertIsNone(conv_rule.conv_input_gram(thin_conv, [thin], [thin_conv(thin)]))
         # Calls at two resolutions: the unfolded path handles them.
         self.assertIsNone(
-            layer_grads.conv_input_gram(shared, [x, small], [shared(x), shared(small)])
+            conv_rule.conv_input_gram(shared, [x, small], [shared(x), shared(small)])
         )
 
     def test_pointwise_unfold_is_a_strided_slice_of_extract_patches(self):
@@ -334,4 +335,4 @@ class ConvInputGramTest(tf.test.TestCase, parameterized.TestCase):
                 want = tf.image.extract_patches(x, [1, 1, 1, 1], [1, 2, 2, 1], [1, 1, 1, 1],
                                                 padding.upper())
                 want = tf.reshape(want, [2, -1, 3])
-                self.assertAllEqual(want, layer_grads.unfold_inputs(layer, x))
+                self.assertAllEqual(want, conv_rule.unfold(layer, x))

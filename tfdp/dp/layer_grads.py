@@ -1,6 +1,7 @@
-"""Conv/dense factors: per-example squared gradient norms and clipped sums.
+"""Linear-layer factors: per-example squared gradient norms and clipped sums.
 
-For a linear layer (Conv2D unfolded, or Dense) with unfolded input U_i (T×D)
+For a linear layer (Dense, EinsumDense, or a conv with its input unfolded;
+the layer-specific parts live with their rules in `tfdp.dp.rules`) with unfolded input U_i (T×D)
 and output gradient G_i (T×p), the per-example kernel gradient is U_iᵀ G_i.
 Its squared norm is either computed from it ("instantiate", O(D·p) memory per
 example) or from Gram matrices ("ghost", O(T²)): Σ (U_i U_iᵀ) ⊙ (G_i G_iᵀ).
@@ -15,10 +16,7 @@ i.e. the pre-bias output dotted with the output gradient.
 
 import os
 
-import keras
 import tensorflow as tf
-
-from tfdp.dp import layer_taps
 
 GHOST = "ghost"
 INSTANTIATE = "instantiate"
@@ -57,144 +55,6 @@ def keep_rows(x, keep):
     # folds zeros_like into a constant that the function holds for good
     # (about 120 MB for ResNet-18 at 224 px, batch 16, summed over layers).
     return tf.where(tf.reshape(keep, shape), x, tf.zeros([], x.dtype))
-
-
-def unfold_inputs(layer, inputs):
-    """Unfolded input U as [B, T, D] for a conv or dense layer."""
-    if isinstance(layer, keras.layers.Conv2D):
-        kh, kw = layer.kernel_size
-        if kh == kw == 1:
-            # A 1×1 patch is the pixel itself; "same" never pads a 1×1 conv.
-            sh, sw = layer.strides
-            return flatten_bt(inputs[:, ::sh, ::sw, :])
-        if inputs.shape[-1] is not None and inputs.shape[-1] <= 3:
-            # With few input channels a one-hot conv unfolds faster than
-            # `extract_patches` (7 against 18 ms for the default run's first
-            # conv at batch 256); with 16 it is slower (12 against 5 ms).
-            return flatten_bt(layer_taps.unfold_by_conv(layer, inputs, layer.kernel.shape))
-        strides, dilations, padding = layer_taps.conv_geometry(layer)
-        patches = tf.image.extract_patches(
-            inputs, [1, kh, kw, 1], strides, dilations, padding
-        )
-        return flatten_bt(patches)
-    return flatten_bt(inputs)
-
-
-def _same_padding(size, out, kernel, dilation):
-    total = max((out - 1) + (kernel - 1) * dilation + 1 - size, 0)
-    return [total // 2, total - total // 2]
-
-
-def pixel_gram_geometry(layer, input_shapes, output_shapes, k=1):
-    """Padding of the pixel-Gram route of `conv_input_gram`, or None.
-
-    Static: from the recorded calls' shapes. None when the route does not
-    apply (a stride, a 1×1 kernel, calls at several resolutions, unknown
-    sizes) or when, per example, the padded pixel Gram P ((n·Hp·Wp)² floats)
-    would be larger than what the unfolded route holds: U (n·T·kh·kw·C) and
-    U Uᵀ ((n·T)²), with n = k × calls.
-
-    Returns:
-        (pads_h, pads_w), each [before, after], or None.
-    """
-    kh, kw = layer.kernel_size
-    if tuple(layer.strides) != (1, 1) or kh * kw == 1:
-        return None
-    shapes = {tuple(s[1:]) for s in input_shapes}
-    out_shapes = {tuple(s[1:3]) for s in output_shapes}
-    if len(shapes) != 1 or len(out_shapes) != 1:
-        return None
-    (h, w, c), (ho, wo) = next(iter(shapes)), next(iter(out_shapes))
-    if None in (h, w, c, ho, wo):
-        return None
-    dh, dw = layer.dilation_rate
-    if layer.padding == "same":
-        pads_h, pads_w = _same_padding(h, ho, kh, dh), _same_padding(w, wo, kw, dw)
-    else:
-        pads_h, pads_w = [0, 0], [0, 0]
-    n = k * len(input_shapes)
-    padded = n * (h + sum(pads_h)) * (w + sum(pads_w))
-    t = n * ho * wo
-    if padded * padded > t * kh * kw * c + t * t:
-        return None
-    return pads_h, pads_w
-
-
-def pixel_gram_floats(geometry, input_shape, output_shape, n):
-    """Floats of one example's pixel-Gram norm work: P, U Uᵀ and G Gᵀ.
-
-    Args:
-        geometry: `(pads_h, pads_w)` from `pixel_gram_geometry`.
-        input_shape: the layer's input shape [B, H, W, C] (static H, W).
-        output_shape: its output shape [B, Ho, Wo, p] (static Ho, Wo).
-        n: int. Calls times rows per example.
-    """
-    pads_h, pads_w = geometry
-    h, w = (int(s) for s in input_shape[1:3])
-    ho, wo = (int(s) for s in output_shape[1:3])
-    positions = n * (h + sum(pads_h)) * (w + sum(pads_w))
-    t = n * ho * wo
-    return positions * positions + 2 * t * t
-
-
-def conv_input_gram(layer, inputs, outputs, k=1):
-    """U Uᵀ of a stride-1 conv, [B, n·T, n·T], without unfolding its input.
-
-    Patch rows (i, j) and (i', j') share kernel offsets, so
-    (U Uᵀ)[(i,j),(i',j')] = Σ_(a,b) P[(i+a·dh, j+b·dw), (i'+a·dh, j'+b·dw)]
-    with P the Gram matrix of the zero-padded input's pixels (channels
-    contracted). P costs (H·W)²·C per example against T²·kh·kw·C for the
-    unfolded Gram, and `extract_patches`, which writes kh·kw copies of the
-    input, is the dominant cost of conv ghost norms on CPU.
-
-    Args:
-        layer: keras.layers.Conv2D. With strides 1 and a kernel larger than 1×1.
-        inputs: list of tensors [B·k, H, W, C]. The layer's recorded inputs
-            (one per call), all of one spatial shape.
-        outputs: list of tensors [B·k, Ho, Wo, p]. The matching outputs.
-        k: int. Rows per example (augmentation multiplicity). Defaults to 1.
-
-    Returns:
-        The Gram matrix ordered (call, row, Ho, Wo) like `LinearFactors.g`,
-        or None where `pixel_gram_geometry` says the route does not apply.
-    """
-    geometry = pixel_gram_geometry(layer, [x.shape for x in inputs], [y.shape for y in outputs], k)
-    if geometry is None:
-        return None
-    pads_h, pads_w = geometry
-    kh, kw = layer.kernel_size
-    dh, dw = layer.dilation_rate
-    h, w, c = (int(d) for d in inputs[0].shape[1:])
-    ho, wo = (int(d) for d in outputs[0].shape[1:3])
-    n = k * len(inputs)
-    x = tf.concat([tf.reshape(tf.cast(v, tf.float32), [-1, k, h, w, c]) for v in inputs], axis=1)
-    pixels = tf.reshape(x, [-1, n * h * w, c])
-    gram = tf.reshape(tf.matmul(pixels, pixels, transpose_b=True), [-1, n, h, w, n, h, w])
-    # Padding pixels are zero, so padding P equals P of the padded input.
-    gram = tf.pad(gram, [[0, 0], [0, 0], pads_h, pads_w, [0, 0], pads_h, pads_w])
-    # The shifts are separable: summing the column offsets first, then the
-    # row offsets, takes kh + kw slices instead of kh·kw (on CPU at 32 px,
-    # ResNet-18's ghost norms in 7.3 against 9.0 ms per step).
-    columns = None
-    for b in range(kw):
-        j = b * dw
-        part = gram[:, :, :, j:j + wo, :, :, j:j + wo]
-        columns = part if columns is None else columns + part
-    total = None
-    for a in range(kh):
-        i = a * dh
-        part = columns[:, :, i:i + ho, :, :, i:i + ho, :]
-        total = part if total is None else total + part
-    return tf.reshape(total, [-1, n * ho * wo, n * ho * wo])
-
-
-# Floats of one example's unfolded input U (T·D) above which a conv's
-# per-example kernel gradients come from `conv_per_example_kernel_grads`
-# instead: below it, U for the whole batch is small and one batched matmul
-# beats B small ops (the default run's first conv: T·D = 12,544, 26 against
-# 34 ms per step at batch 256); above it, U is what fills memory (ResNet's
-# stem at 224 px: 1.8 M per example, 118 MB at batch 16).
-MAX_UNFOLDED_PER_EXAMPLE = 2**16
 
 
 # Bytes of a layer's pixel-Gram norm work for the whole batch above which
@@ -243,67 +103,6 @@ def over_example_chunks(fn, rows, examples, chunk, k=1):
     return tf.reshape(values, [-1])[:b]
 
 
-def conv_kernel_grad(layer, inputs, output_grads):
-    """The conv's kernel gradient Σ_rows U_rowᵀ G_row, by `Conv2DBackpropFilter`.
-
-    Args:
-        layer: keras.layers.Conv2D. The layer (its kernel shape and geometry).
-        inputs: tensor [n, H, W, C]. Inputs of the rows to sum.
-        output_grads: tensor [n, Ho, Wo, p]. Their output gradients.
-
-    Returns:
-        A tensor shaped like the kernel.
-    """
-    strides, dilations, padding = layer_taps.conv_geometry(layer)
-    return tf.raw_ops.Conv2DBackpropFilter(
-        input=inputs, filter_sizes=layer.kernel.shape.as_list(), out_backprop=output_grads,
-        strides=strides, padding=padding, dilations=dilations, data_format="NHWC",
-    )
-
-
-def conv_per_example_kernel_grads(layer, inputs, output_grads, k=1):
-    """Per-example kernel gradients of a conv, [B, kh·kw·C_in, p], without unfolding.
-
-    One `Conv2DBackpropFilter` per example (its k rows as the op's batch, which
-    it sums), in a `tf.map_fn`: the same arithmetic as U_iᵀ G_i, but with no
-    unfolded input, which holds kh·kw copies of the input for the whole batch
-    (about 4× the memory and, at 224 px on CPU, up to 4× the time).
-
-    Args:
-        layer: keras.layers.Conv2D. The layer.
-        inputs: list of tensors [B·k, H, W, C]. Its recorded inputs, one per call.
-        output_grads: list of tensors [B·k, Ho, Wo, p]. The matching output gradients.
-        k: int. Rows per example (augmentation multiplicity). Defaults to 1.
-
-    Returns:
-        A float32 tensor [B, kh·kw·C_in, p] in the layout of the reshaped kernel.
-    """
-    def by_example(t):
-        t = tf.cast(t, tf.float32)
-        shape = tf.shape(t)
-        return tf.reshape(t, tf.concat([[shape[0] // k, k], shape[1:]], 0))
-
-    def one_example(pairs):
-        total = None
-        for x_i, g_i in pairs:
-            part = conv_kernel_grad(layer, x_i, g_i)
-            total = part if total is None else total + part
-        return tf.reshape(total, [-1, layer.kernel.shape[-1]])
-
-    pairs = [(by_example(x), by_example(g)) for x, g in zip(inputs, output_grads)]
-    # parallel_iterations bounds how many examples' work is in flight at once.
-    return tf.map_fn(
-        one_example, pairs, fn_output_signature=tf.float32, parallel_iterations=4
-    )
-
-
-def has_bias(layer):
-    """Whether a conv or dense layer adds a bias."""
-    if isinstance(layer, keras.layers.Conv2D):
-        return layer.use_bias
-    return layer.bias is not None
-
-
 class LinearFactors:
     """U, G (and the pre-bias output) of all calls of a conv/dense layer.
 
@@ -317,7 +116,6 @@ class LinearFactors:
         self.k = k
         self.records = list(records)
         self.output_grads = list(output_grads)
-        self.is_conv = isinstance(layer, keras.layers.Conv2D)
         gs = [flatten_bt(self.output_rows(g), k) for g in self.output_grads]
         self.g = gs[0] if len(gs) == 1 else tf.concat(gs, axis=1)
         self.g = tf.cast(self.g, tf.float32)  # Clipping arithmetic in float32 under bf16.
@@ -339,7 +137,7 @@ class LinearFactors:
     @property
     def z(self):
         if self._z is None:
-            bias = self.layer.bias if has_bias(self.layer) else None
+            bias = getattr(self.layer, "bias", None)
             zs = []
             for record in self.records:
                 z = tf.cast(record.outputs, tf.float32)
@@ -350,8 +148,8 @@ class LinearFactors:
         return self._z
 
     def unfold(self, inputs):
-        """One call's input rows as U, [B·k, T, D]."""
-        return unfold_inputs(self.layer, inputs)
+        """One call's input rows as U, [B·k, T, D] (a conv unfolds its patches)."""
+        return inputs
 
     def output_rows(self, outputs):
         """One call's output (or output gradient) rows as [B·k, T, p], like G."""
@@ -367,53 +165,21 @@ class LinearFactors:
             u = self.u
             return tf.reduce_sum(tf.square(u), [1, 2]) * tf.reduce_sum(tf.square(g), [1, 2])
         if mode == GHOST:
-            if self.is_conv and self._u is None:
-                sq_norms = self._pixel_gram_sq_norms()
-                if sq_norms is not None:
-                    return sq_norms
-            uu = tf.matmul(self.u, self.u, transpose_b=True)
+            uu = self.input_gram()
             gg = tf.matmul(g, g, transpose_b=True)
             return tf.reduce_sum(uu * gg, [1, 2])
         # Instantiated per-example gradients are kept for the clipped sum: by
         # the layer-wise rule they are no larger than the Gram matrices.
-        if self.is_conv and self._u is None and self._unfolded_size() > MAX_UNFOLDED_PER_EXAMPLE:
-            self._per_example = conv_per_example_kernel_grads(
-                self.layer, [r.inputs for r in self.records], self.output_grads, self.k
-            )
-        else:
-            self._per_example = tf.matmul(self.u, g, transpose_a=True)
+        self._per_example = self.per_example_kernel_grads()
         return tf.reduce_sum(tf.square(self._per_example), [1, 2])
 
-    def _pixel_gram_sq_norms(self):
-        """Ghost norms by `conv_input_gram`, in chunks of the batch where the
-        work is large (`MAX_GHOST_WORK_BYTES`); None where the route does not apply."""
-        inputs = [r.inputs for r in self.records]
-        outputs = [r.outputs for r in self.records]
-        geometry = pixel_gram_geometry(
-            self.layer, [x.shape for x in inputs], [y.shape for y in outputs], self.k
-        )
-        if geometry is None:
-            return None
+    def input_gram(self):
+        """U Uᵀ, [B, T, T]."""
+        return tf.matmul(self.u, self.u, transpose_b=True)
 
-        def sq_norms(xs, g):
-            # The outputs give only the static output size.
-            uu = conv_input_gram(self.layer, xs, outputs, self.k)
-            gg = tf.matmul(g, g, transpose_b=True)
-            return tf.reduce_sum(uu * gg, [1, 2])
-
-        n = self.k * len(inputs)
-        chunk = examples_per_chunk(
-            pixel_gram_floats(geometry, inputs[0].shape, outputs[0].shape, n)
-        )
-        rows = inputs[0].shape[0]
-        if rows is not None and rows // self.k <= chunk:
-            return sq_norms(inputs, self.g)
-        return over_example_chunks(sq_norms, inputs, self.g, chunk, self.k)
-
-    def _unfolded_size(self):
-        """Floats of one example's U, T·D (static even when the batch is not)."""
-        t, _, d = linear_dims(self.layer, self.records)
-        return self.k * t * d
+    def per_example_kernel_grads(self):
+        """U_iᵀ G_i, [B, D, p]."""
+        return tf.matmul(self.u, self.g, transpose_a=True)
 
     def kernel_dot_weights(self):
         """⟨per-example kernel gradient, W⟩ for each example."""
@@ -437,22 +203,6 @@ class LinearFactors:
         """Σ_i c_i·(per-example kernel gradient); `keep` (per example) drops NaN ones."""
         if self._per_example is not None:
             summed = tf.tensordot(coeffs, keep_rows(self._per_example, keep), axes=1)
-        elif self.is_conv:
-            # Σ_i c_i U_iᵀ G_i is the conv kernel gradient of the output
-            # gradient scaled per example: no unfolded input needed.
-            row_coeffs = tf.repeat(coeffs, self.k) if self.k > 1 else coeffs
-            row_keep = None if keep is None else tf.repeat(keep, self.k)
-            summed = None
-            for record, grad in zip(self.records, self.output_grads):
-                part = conv_kernel_grad(
-                    self.layer,
-                    keep_rows(tf.cast(record.inputs, tf.float32), row_keep),
-                    tf.math.multiply_no_nan(
-                        tf.cast(grad, tf.float32), row_coeffs[:, None, None, None]
-                    ),
-                )
-                summed = part if summed is None else summed + part
-            return summed
         else:
             weighted = tf.math.multiply_no_nan(self.g, coeffs[:, None, None])
             u = keep_rows(self.u, keep)

@@ -30,7 +30,7 @@ class LayerPlan:
     memory_bytes: int
     kept_bytes: int = 0
     # A conv ghost norm whose U Uᵀ comes from the pixel Gram, without
-    # unfolding the input (`layer_grads.conv_input_gram`).
+    # unfolding the input (`rules.conv.conv_input_gram`).
     pixel_gram: bool = False
     why: str = ""  # Why the mode (the rule's `Cost.why`).
 

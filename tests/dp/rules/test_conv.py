@@ -10,6 +10,7 @@ from tests.dp import dp_test_case
 from tests.dp.rules import rule_test_case
 from tfdp import dp
 from tfdp.dp import layer_grads
+from tfdp.dp.rules import conv as conv_rule
 
 
 class Conv2DRuleTest(rule_test_case.RuleTestCase):
@@ -47,7 +48,7 @@ class Conv2DRuleTest(rule_test_case.RuleTestCase):
 
         expected = {k: clipped(k) for k in (1, 2)}
         # Two examples per chunk: for 5 examples, three chunks, the last padded.
-        per_example = layer_grads.pixel_gram_floats(([1, 1], [1, 1]), x.shape, x.shape, 1)
+        per_example = conv_rule.pixel_gram_floats(([1, 1], [1, 1]), x.shape, x.shape, 1)
         self.enter_context(mock.patch.object(
             layer_grads, "MAX_GHOST_WORK_BYTES", 2 * tf.float32.size * per_example))
         chunks = []

@@ -73,14 +73,14 @@ class LinearRule(registry.Rule):
             mode = layer_grads.linear_norm_mode(t, p, d, method)
         else:
             mode = layer_grads.INSTANTIATE
-        geometry = self.ghost_geometry(layer, records) if mode == layer_grads.GHOST else None
-        if geometry:
+        pixel_gram = None
+        if mode == layer_grads.GHOST:
+            pixel_gram = self.pixel_gram_floats(layer, records)
+        if pixel_gram:
             # Pixel Gram P of the padded input, then U Uᵀ and G Gᵀ, in
             # chunks of the batch where that is large.
-            per_example = layer_grads.pixel_gram_floats(
-                geometry, records[0].inputs.shape, records[0].outputs.shape, len(records)
-            )
-            memory = min(batch_size, layer_grads.examples_per_chunk(per_example)) * per_example
+            chunk = layer_grads.examples_per_chunk(pixel_gram)
+            memory = min(batch_size, chunk) * pixel_gram
         elif mode == layer_grads.GHOST:
             memory = batch_size * 2 * t * t
         else:
@@ -92,9 +92,12 @@ class LinearRule(registry.Rule):
                else f"method={method}")
         return registry.Cost(
             t, p, d, mode, memory * registry.BYTES, kept * registry.BYTES,
-            pixel_gram=bool(geometry), why=why,
+            pixel_gram=bool(pixel_gram), why=why,
         )
 
-    def ghost_geometry(self, layer, records):
-        """Padding of a cheaper Gram-matrix route, or None (see `conv_input_gram`)."""
+    def pixel_gram_floats(self, layer, records):
+        """Floats per example of a cheaper Gram-matrix ghost-norm route, or None.
+
+        A conv's route through the pixel Gram (`conv.conv_input_gram`).
+        """
         return None

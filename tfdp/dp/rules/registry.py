@@ -160,7 +160,7 @@ class Cost:
             clipped sums: its per-example gradients, or its output gradient
             for a ghost norm.
         pixel_gram: bool. A conv ghost norm whose U Uᵀ comes from the pixel
-            Gram (`layer_grads.conv_input_gram`).
+            Gram (`rules.conv.conv_input_gram`).
         why: str. Why the mode, in a few words (e.g. "2T²<pD").
     """
 
