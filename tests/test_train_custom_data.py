@@ -3,18 +3,20 @@
 Each test writes real files into a temporary folder, trains a few private
 steps from the command line and checks the counts per class, the
 validation split (held out of N), the skipped-file count and the epsilon
-(recomputed from the logged sigma, q = B / N and steps).
+(recomputed from the logged sigma, q = B / N and steps). A test set held out
+of the training data is labelled as not covered by epsilon; a separate one
+is not.
 """
 
 import json
 import os
 import re
+import shutil
 
 import numpy as np
 import tensorflow as tf
 
 from tests.data import image_files
-from tests.test_train import FINAL
 from tests.test_train import run_train
 from tfdp import privacy
 
@@ -27,6 +29,15 @@ COMMON = [
 ]
 DATASET_LINE = re.compile(r"^dataset=\S+ N=(?P<n>\d+) sampler=poisson q=(?P<q>[0-9.]+) ", re.M)
 PRIVACY_LINE = re.compile(r"^privacy: sigma=(?P<sigma>[0-9.]+) ", re.M)
+# The test accuracy is on this line unless the test set was held out of the training data.
+FINAL_EPSILON = re.compile(
+    r"^final: (?:test_accuracy=[0-9.]+ )?epsilon=(?P<eps>[0-9.]+) .*steps=(?P<steps>\d+)$", re.M)
+
+
+def _tensorboard_tags(workdir):
+    events = tf.io.gfile.glob(os.path.join(workdir, "tensorboard", "events.*"))
+    return {value.tag for path in events for event in tf.compat.v1.train.summary_iterator(path)
+            for value in event.summary.value}
 
 
 class TrainOnYourImagesTest(tf.test.TestCase):
@@ -46,26 +57,36 @@ class TrainOnYourImagesTest(tf.test.TestCase):
         self.assertEqual(int(dataset_line["n"]), n)
         self.assertAlmostEqual(float(dataset_line["q"]), 32 / n, places=5)
         sigma = float(PRIVACY_LINE.search(out)["sigma"])
-        final = FINAL.search(out)
+        final = FINAL_EPSILON.search(out)
         self.assertEqual(int(final["steps"]), summary["steps"])
         expected = privacy.epsilon(sigma, summary["steps"], 1e-5, sampling_rate=32 / n)
         self.assertAllClose(summary["epsilon"], expected, rtol=1e-3)
         self.assertAllClose(float(final["eps"]), summary["epsilon"], rtol=1e-3)
         self.assertLessEqual(summary["epsilon"], 8.0 + 1e-6)
 
-    def test_folder_with_corrupt_files_and_a_validation_split(self):
+    def test_folder_with_a_separate_test_set_duplicates_corrupt_files_and_validation(self):
         root = self.create_tempdir().full_path
         next_id = image_files.write_folder(
             os.path.join(root, "train"), {"cat": 40, "dog": 30, "emu": 30}, corrupt=3
         )
-        image_files.write_folder(
-            os.path.join(root, "test"), {"cat": 5, "dog": 5, "emu": 5}, start_id=next_id
-        )
+        test_dir = self.create_tempdir().full_path
+        image_files.write_folder(test_dir, {"cat": 5, "dog": 5, "emu": 5}, start_id=next_id)
+        # Copies of training files: two in the training data, one in the test set.
+        dog = os.path.join(root, "train", "dog")
+        original = os.path.join(dog, sorted(os.listdir(dog))[0])
+        for copy in (os.path.join(dog, "zz_copy1.png"), os.path.join(dog, "zz_copy2.png"),
+                     os.path.join(test_dir, "dog", "zz_copy.png")):
+            shutil.copy(original, copy)
         out, summary, workdir = self._train(
-            f"folder:{root}", "--gin_param=train.validation_fraction = 0.2"
+            f"folder:{root}", "--gin_param=train.validation_fraction = 0.2",
+            f"--gin_param=train.test_dataset = 'folder:{test_dir}'",
         )
-        # 103 files (3 corrupt, in "cat"); a stratified 0.2 (21) is held out of N.
-        self.assertIn("train examples per class [34, 24, 24]", out)
+        # 103 files after the copies are dropped (3 corrupt, in "cat"); a
+        # stratified 0.2 (21) is held out of N.
+        self.assertIn("train examples per class [34, 24, 24], exact duplicates dropped "
+                      "train=2, test=1", out)
+        self.assertEqual(summary["not_covered_by_epsilon"]["duplicates_dropped_train"], 2)
+        self.assertEqual(summary["not_covered_by_epsilon"]["duplicates_dropped_test"], 1)
         self.assertIn("data: train N=82 validation=21 test=15 classes=3 input=(16, 16, 3)", out)
         self.assertEqual((summary["dataset_size"], summary["validation_size"]), (82, 21))
         self._check_epsilon(out, summary, 82)
@@ -76,10 +97,16 @@ class TrainOnYourImagesTest(tf.test.TestCase):
         self.assertRegex(out, r"epoch .* test_acc=.* \| not covered by epsilon: val_acc=[0-9.]+ ")
         self.assertRegex(out, r"final: validation_accuracy=[0-9.]+ \(N=21, held out")
         self.assertBetween(summary["not_covered_by_epsilon"]["validation_accuracy"], 0.0, 1.0)
-        events = tf.io.gfile.glob(os.path.join(workdir, "tensorboard", "events.*"))
-        tags = {value.tag for path in events for event in tf.compat.v1.train.summary_iterator(path)
-                for value in event.summary.value}
+        tags = _tensorboard_tags(workdir)
         self.assertContainsSubset({"non_dp/validation_accuracy", "test/accuracy"}, tags)
+        self.assertNotIn("non_dp/test_accuracy", tags)
+        # The separate test set is not labelled; the held-out validation examples are.
+        self.assertRegex(out, r"(?m)^final: test_accuracy=[0-9.]+ epsilon=")
+        self.assertBetween(summary["test_accuracy"], 0.0, 1.0)
+        self.assertNotIn("test_accuracy", summary["not_covered_by_epsilon"])
+        self.assertEqual(summary["held_out_not_protected"], {"validation": 21})
+        self.assertIn("data: WARNING: the 21 validation examples held out of the training data "
+                      "are NOT protected by epsilon", out)
 
     def test_tfrecord_converted_to_array_record(self):
         directory = self.create_tempdir().full_path
@@ -104,8 +131,27 @@ class TrainOnYourImagesTest(tf.test.TestCase):
         rng = np.random.default_rng(0)
         np.savez(path, x_train=rng.integers(0, 256, (80, 16, 16), dtype=np.uint8),
                  y_train=np.arange(80) % 4)
-        out, summary, _ = self._train(f"npz:{path}", "--gin_param=train.validation_fraction = 0.1")
+        out, summary, workdir = self._train(f"npz:{path}",
+                                            "--gin_param=train.validation_fraction = 0.1")
         # No x_test: a stratified 0.2 is the test set (16), then 0.1 of the rest (7).
         self.assertIn("data: train N=57 validation=7 test=16 classes=4 input=(16, 16, 1)", out)
         self._check_epsilon(out, summary, 57)
         self.assertEqual(summary["not_covered_by_epsilon"]["skipped_undecodable_train"], 0)
+        # The held-out test examples are private: labelled in the first lines, every
+        # epoch line, TensorBoard, summary.json and the final lines.
+        self.assertIn("data: WARNING: the 16 test and 7 validation examples held out of the "
+                      "training data are NOT protected by epsilon", out)
+        self.assertRegex(out, r"(?m)^epoch .*: epsilon=.* \| not covered by epsilon: "
+                              r"test_acc=[0-9.]+ test_loss=[0-9.]+ val_acc=")
+        self.assertNotRegex(out, r"(?m)^epoch [^|]*test_acc=")
+        self.assertRegex(out, r"(?m)^final: test_accuracy=[0-9.]+ \(N=16, held out from "
+                              r"training, not covered by epsilon\)$")
+        self.assertRegex(out, r"(?m)^final: epsilon=")
+        self.assertNotIn("test_accuracy", summary)
+        self.assertBetween(summary["not_covered_by_epsilon"]["test_accuracy"], 0.0, 1.0)
+        self.assertEqual(summary["held_out_not_protected"], {"test": 16, "validation": 7})
+        self.assertIn("16 test and 7 validation examples held out of the training data are NOT "
+                      "protected", summary["privacy_guarantee"])
+        tags = _tensorboard_tags(workdir)
+        self.assertIn("non_dp/test_accuracy", tags)
+        self.assertNotIn("test/accuracy", tags)

@@ -72,7 +72,7 @@ class DatasetSplits:
         duplicates_dropped: dict. Exact duplicates dropped (`"train"`, and
             held-out copies of training examples under `"test"` and
             `"validation"`), counted from the private data without noise;
-            empty when the data was not checked (catalog and tfds data).
+            empty for data other than `folder:` (not checked).
     """
 
     train: object
