@@ -125,8 +125,9 @@ def _dry_run(model, step_fn, info, sampler, total_steps, ledger, physical_batch_
     sensitivity = None
     if method is not None:
         _log(str(dp.plan(model, info.image_shape, physical_batch_size, method)))
-        sensitivity = _check_sensitivity(model, info, physical_batch_size, **sensitivity_kwargs)
-    probe = min(physical_batch_size, 4)
+        sensitivity = _check_sensitivity(model, info, physical_batch_size // sampler.group_size,
+                                         **sensitivity_kwargs)
+    probe = min(physical_batch_size, 4 * sampler.group_size)
     rng = np.random.default_rng(0)
     x = tf.constant(rng.normal(size=(probe,) + tuple(info.image_shape)).astype("float32"))
     y = tf.constant(rng.integers(0, info.num_classes, probe), tf.int32)
@@ -213,6 +214,8 @@ def train(
     freeze_sub_blocks=0,
     ema_decay=None,
     augmentation_multiplicity=1,
+    privacy_unit="example",
+    max_examples_per_user=None,
     export_model=True,
     write_html_report=True,
     report_non_dp_statistics=True,
@@ -305,6 +308,18 @@ def train(
         augmentation_multiplicity: int. Average each example's gradient
             over K on-device augmentations (flip + 4-px shift) before
             clipping (De et al. 2022). Defaults to 1 (off).
+        privacy_unit: str. What ε protects. "example": one example. "user":
+            everything one user contributed (needs a user per example, e.g.
+            an `npz:` file's `user_ids`): each step draws users by Poisson
+            sampling (`logical_batch_size` is then the expected USERS per
+            step and N the number of users), each drawn user brings at most
+            `max_examples_per_user` examples, and the mean of their
+            gradients is clipped to C as one vector
+            (`tfdp.samplers.UserPoissonSampler`). Defaults to "example".
+        max_examples_per_user: int. k, with `privacy_unit="user"`: the most
+            examples of one user in a step, chosen at random from the secret
+            key. `physical_batch_size` (rows) must be a multiple of k; it
+            defaults to k·`logical_batch_size`. Defaults to None.
         export_model: bool. Save `model.keras` and a SavedModel at the end.
             Defaults to True.
         write_html_report: bool. Write `report.html` (the run's plots,
@@ -332,7 +347,8 @@ def train(
     from tfdp.training import reporting
 
     strategy = strategy_name or strategy
-    physical_batch_size = physical_batch_size or logical_batch_size
+    group_size = _check_privacy_unit(privacy_unit, max_examples_per_user, sampler, private)
+    physical_batch_size = physical_batch_size or logical_batch_size * group_size
     _check_batches_and_epochs(logical_batch_size, physical_batch_size, epochs)
     # Created first: MultiWorkerMirroredStrategy must exist before other TF ops.
     dist = distribute.get_strategy(strategy)
@@ -347,6 +363,10 @@ def train(
     # ===================================================================
     data = _load_data(dataset, data_dir, seed, validation_fraction, test_dataset, dry_run,
                       report_non_dp_statistics)
+    if privacy_unit == "user":
+        sampler, pad_granule = _user_sampler(data, logical_batch_size, physical_batch_size,
+                                             group_size, pad_granule)
+        data.n = sampler.dataset_size  # N counts users.
     if logical_batch_size > data.n:
         raise ValueError(
             "logical_batch_size must not exceed the training set size. Received: "
@@ -379,11 +399,13 @@ def train(
         optimizer = (optimizer_fn or _default_optimizer())(learning_rate=schedule)
         step_fn = _make_step(model, optimizer, plan, method=clipping_method,
                              weight_decay=weight_decay, seed=seed, jit_compile=jit_compile,
-                             augmentation_multiplicity=augmentation_multiplicity)
+                             augmentation_multiplicity=augmentation_multiplicity,
+                             group_size=group_size)
     ema = _make_ema(model, ema_decay)
+    # Under privacy_unit="user" the probe leaves one user (a group) out.
     sensitivity_kwargs = dict(
         l2_norm_clip=l2_norm_clip, method=clipping_method, weight_decay=weight_decay,
-        augmentation_multiplicity=augmentation_multiplicity,
+        augmentation_multiplicity=augmentation_multiplicity * group_size,
     )
     if dry_run:
         return _dry_run(model, step_fn, data.info, plan.sampler, plan.total_steps, plan.ledger,
@@ -412,7 +434,8 @@ def train(
     _log_run_plan(model, data, plan, dataset, clipping_method, physical_batch_size,
                   target_epsilon)
     if private:
-        _check_sensitivity(model, data.info, physical_batch_size, **sensitivity_kwargs)
+        _check_sensitivity(model, data.info, physical_batch_size // group_size,
+                           **sensitivity_kwargs)
 
     # ===================================================================
     # Train loop
@@ -450,6 +473,7 @@ def train(
         not_private=(None if ledger is None or plan.key.is_secret else
                      f"insecure_reproducible_seed={plan.key.insecure_seed}: epsilon does not "
                      "hold against anyone who knows the seed"),
+        privacy_unit=_privacy_unit_summary(ledger, step, group_size),
     )
     if write_html_report:
         from tfdp import report
@@ -494,6 +518,113 @@ def _load_data(dataset, data_dir, seed, validation_fraction, test_dataset, dry_r
         eval_preprocess=loaded.eval_preprocess, held_out=held_out,
         duplicates_dropped=loaded.duplicates_dropped,
     )
+
+
+PRIVACY_UNITS = ("example", "user")
+
+
+def _check_privacy_unit(privacy_unit, max_examples_per_user, sampler, private):
+    """k, the rows of one privacy unit (1 per example); a clear error for bad settings."""
+    if privacy_unit not in PRIVACY_UNITS:
+        raise ValueError(f"privacy_unit must be one of {PRIVACY_UNITS}. "
+                         f"Received: privacy_unit={privacy_unit!r}")
+    if privacy_unit == "example":
+        if max_examples_per_user is not None:
+            raise ValueError(
+                "max_examples_per_user applies to privacy_unit='user' only. Received: "
+                f"privacy_unit='example', max_examples_per_user={max_examples_per_user!r}")
+        return 1
+    if not private:
+        raise ValueError("privacy_unit='user' is for private training. Received: private=False")
+    if sampler != "poisson":
+        raise ValueError(
+            "privacy_unit='user' draws users by Poisson sampling (sampler='poisson'). "
+            f"Received: sampler={sampler!r}")
+    if (isinstance(max_examples_per_user, bool) or not isinstance(max_examples_per_user, int)
+            or max_examples_per_user < 1):
+        raise ValueError(
+            "privacy_unit='user' needs max_examples_per_user, a positive integer: the most "
+            "examples of one user in a step. Received: "
+            f"max_examples_per_user={max_examples_per_user!r}")
+    return max_examples_per_user
+
+
+def _user_sampler(data, users_per_step, physical_batch_size, k, pad_granule):
+    """The `UserPoissonSampler` of the training data's users, and its padding granule."""
+    from tfdp import samplers
+    from tfdp.data import pipeline
+    from tfdp.dp import user_groups
+
+    user_ids = getattr(data.train, "user_ids", None)
+    if user_ids is None:
+        raise ValueError(
+            "privacy_unit='user' needs the user of every training example: an npz: file "
+            "with a `user_ids` array, or an ArraySource(user_ids=...). Received: training "
+            f"data without user ids ({type(data.train).__name__})")
+    ids, num_users = user_groups.compact_user_ids(user_ids)
+    if users_per_step > num_users:
+        raise ValueError(
+            "Under privacy_unit='user', logical_batch_size is the expected users per step "
+            "and must not exceed the number of users. Received: "
+            f"logical_batch_size={users_per_step}, users={num_users}")
+    sampler = samplers.make_sampler(
+        "user_poisson", dataset_size=num_users, logical_batch_size=users_per_step,
+        physical_batch_size=physical_batch_size, user_ids=ids, max_examples_per_user=k)
+    if pad_granule == "auto":  # The finest of P/8, P/4, P/2, P holding whole users.
+        pad_granule = next(g for g in (physical_batch_size // d for d in (8, 4, 2, 1))
+                           if physical_batch_size % g == 0 and g % k == 0)
+    elif pad_granule is not None:
+        pad_granule = pipeline.resolve_pad_granule(pad_granule, physical_batch_size)
+    return sampler, pad_granule
+
+
+def _example_level_claim(ledger, steps, k):
+    """What example-level accounting with group privacy claims for a user of k examples.
+
+    Example-level DP-SGD with the same σ, steps and sampling rate, accounted
+    at the run's δ, then the group-privacy conversion for k examples
+    (`tfdp.dp.user_groups.group_privacy`: (kε, k·e^{(k−1)ε}·δ)).
+    """
+    from tfdp import privacy
+    from tfdp.dp import user_groups
+
+    example_epsilon = privacy.epsilon(
+        ledger.noise_multiplier, steps, ledger.delta, sampling_rate=ledger.sampling_rate,
+        accountant=ledger.accountant)
+    group_epsilon, group_delta = user_groups.group_privacy(example_epsilon, ledger.delta, k)
+    return {"example_epsilon": example_epsilon, "group_size": k,
+            "group_epsilon": group_epsilon, "group_delta": min(group_delta, 1.0),
+            "how": "example-level DP-SGD at the same sigma, steps and sampling rate, "
+                   "accounted at this delta, converted by group privacy for k examples: "
+                   "(k*eps, k*exp((k-1)*eps)*delta); it holds only for users with at most "
+                   "k examples"}
+
+
+def _log_privacy_unit(mechanism, steps):
+    sampler = mechanism.sampler
+    if sampler.privacy_unit != "user":
+        return
+    k = sampler.max_examples_per_user
+    ledger = mechanism.ledger()
+    claim = _example_level_claim(ledger, steps, k)
+    _log(f"privacy unit: user (N={sampler.dataset_size} users, expected "
+         f"{sampler.logical_batch_size} users per step, at most {k} examples of a user per "
+         f"step); planned {ledger.describe_epsilon(steps=steps)}")
+    delta = (f"delta={claim['group_delta']:.3g}" if claim["group_delta"] < 1
+             else "delta>=1 (no guarantee)")
+    _log(f"for comparison, example-level accounting with group privacy for {k} examples "
+         f"would claim epsilon={claim['group_epsilon']:.4g} at {delta} ({claim['how']})")
+
+
+def _privacy_unit_summary(ledger, steps, k):
+    """`summary.json`'s privacy unit, with the group-privacy comparison for users."""
+    if ledger is None:
+        return None
+    unit = {"privacy_unit": ledger.privacy_unit}
+    if ledger.privacy_unit == "user":
+        unit["max_examples_per_user"] = k
+        unit["example_level_group_privacy"] = _example_level_claim(ledger, steps, k)
+    return unit
 
 
 def _privacy_plan(train_source, dist, workdir, dry_run, *, private, sampler, logical_batch_size,
@@ -573,7 +704,7 @@ def _default_optimizer():
 
 
 def _make_step(model, optimizer, plan, *, method, weight_decay, seed, jit_compile,
-               augmentation_multiplicity):
+               augmentation_multiplicity, group_size=1):
     from tfdp import dp
     from tfdp.training import evaluation
 
@@ -581,7 +712,7 @@ def _make_step(model, optimizer, plan, *, method, weight_decay, seed, jit_compil
         return dp.PrivateTrainStep(
             model, optimizer, evaluation.per_example_loss, mechanism=plan.mechanism,
             method=method, weight_decay=weight_decay, seed=seed, jit_compile=jit_compile,
-            augmentation_multiplicity=augmentation_multiplicity,
+            augmentation_multiplicity=augmentation_multiplicity, group_size=group_size,
         )
     return dp.NonPrivateTrainStep(
         model, optimizer, evaluation.per_example_loss,
@@ -649,6 +780,7 @@ def _log_run_plan(model, data, plan, dataset, clipping_method, physical_batch_si
         f"(amplified: {sampler.amplified}); planned "
         f"{mechanism.ledger().describe_epsilon(steps=plan.total_steps)}"
     )
+    _log_privacy_unit(mechanism, plan.total_steps)
     if plan.budget_steps < plan.total_steps:
         _log(f"privacy budget epsilon={target_epsilon} allows {plan.budget_steps} of "
                       f"{plan.total_steps} steps; training will stop there.")

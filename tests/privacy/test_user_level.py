@@ -1,5 +1,8 @@
 """User-level sampling: users per step, each user's examples, the blocks, the accounting."""
 
+import json
+import os
+
 import numpy as np
 import tensorflow as tf
 from scipy import stats
@@ -7,6 +10,7 @@ from scipy import stats
 from tfdp import privacy
 from tfdp import samplers
 from tfdp.dp import user_groups
+from tests.test_train import run_train
 
 KEY = tf.constant([7, 11], tf.int64)
 
@@ -186,6 +190,45 @@ class UserBlocksTest(tf.test.TestCase):
         ids, n = user_groups.compact_user_ids(["b", "a", "b", "c"])
         self.assertAllEqual(ids, [1, 0, 1, 2])
         self.assertEqual(n, 3)
+
+
+class UserLevelTrainerTest(tf.test.TestCase):
+
+    def test_user_level_run_states_its_unit_and_refuses_another_on_resume(self):
+        rng = np.random.default_rng(0)
+        path = os.path.join(self.create_tempdir().full_path, "users.npz")
+        x = rng.integers(0, 255, size=(240, 8, 8, 1)).astype("uint8")
+        y = np.arange(240) % 10
+        users = rng.integers(0, 60, size=240)
+        np.savez(path, x_train=x, y_train=y, user_ids=users, x_test=x[:40], y_test=y[:40])
+        workdir = self.create_tempdir().full_path
+        common = [f"--gin_param=train.dataset = 'npz:{path}'", "--gin_param=train.epochs = 1",
+                  "--gin_param=train.logical_batch_size = 12",
+                  "--gin_param=train.physical_batch_size = 24", "--gin_param=train.pad_granule = 'auto'",
+                  "--gin_param=train.export_model = False",
+                  "--gin_param=train.write_html_report = False"]
+        result = run_train(*common, "--gin_param=train.privacy_unit = 'user'",
+                           "--gin_param=train.max_examples_per_user = 3", workdir=workdir)
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        with open(os.path.join(workdir, "summary.json")) as f:
+            summary = json.load(f)
+        users_n = len(np.unique(users))
+        self.assertEqual(summary["privacy_unit"], "user")
+        self.assertEqual(summary["dataset_size"], users_n)
+        self.assertEqual(summary["adjacency_description"], "add or remove one user's data")
+        self.assertIn("N=%d users" % users_n, result.stdout)
+        self.assertIn("sensitivity probe", result.stdout)
+        sigma = float(result.stdout.split("privacy: sigma=")[1].split()[0])
+        self.assertAllClose(summary["epsilon"], privacy.epsilon(
+            sigma, summary["steps"], 1e-5, dataset_size=users_n, batch_size=12), rtol=1e-3)
+        claim = summary["example_level_group_privacy"]
+        self.assertEqual(claim["group_size"], 3)
+        self.assertAllClose(claim["group_epsilon"], 3 * claim["example_epsilon"])
+        self.assertGreater(claim["group_epsilon"], summary["epsilon"])
+        # The same workdir under example-level privacy: refused, naming the unit.
+        again = run_train(*common, "--gin_param=train.epochs = 2", workdir=workdir)
+        self.assertEqual(again.returncode, 2, again.stdout[-2000:])
+        self.assertIn("privacy_unit: checkpoint 'user' vs this run 'example'", again.stderr)
 
 
 if __name__ == "__main__":

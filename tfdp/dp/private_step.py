@@ -113,6 +113,12 @@ class PrivateTrainStep:
             Defaults to 1.
         augment_fn: callable. `(images, seed) -> images` for K > 1.
             Defaults to a random flip and a 4-px translation.
+        group_size: int. Rows of one privacy unit in each physical batch,
+            clipped as one group: 1 for example-level privacy, k for user
+            blocks of k rows (`tfdp.dp.user_groups`). Each row's K
+            augmentations sit next to it, so a group is k·K rows. The
+            statistics (`examples`, `clipped`, ...) then count groups.
+            Defaults to 1.
     """
 
     def __init__(
@@ -132,6 +138,7 @@ class PrivateTrainStep:
         jit_compile=False,
         augmentation_multiplicity=1,
         augment_fn=None,
+        group_size=1,
     ):
         if int(augmentation_multiplicity) < 1:
             raise ValueError(
@@ -157,6 +164,9 @@ class PrivateTrainStep:
             )
         self.mechanism = mechanism
         self.augmentation_multiplicity = int(augmentation_multiplicity)
+        if isinstance(group_size, bool) or int(group_size) != group_size or group_size < 1:
+            raise ValueError(f"group_size must be an integer >= 1. Received: group_size={group_size}")
+        self.group_size = int(group_size)
         self.augment_fn = augment_fn or augmentation_multiplicity_lib.flip_and_translate
         self.model = model
         self.optimizer = optimizer
@@ -225,7 +235,7 @@ class PrivateTrainStep:
             method=self.method,
             sample_weight=weights,
             weight_decay=self.weight_decay,
-            augmentation_multiplicity=k,
+            augmentation_multiplicity=k * self.group_size,
         )
 
     def _grads_and_stats(self, x, y, weights):
@@ -234,6 +244,8 @@ class PrivateTrainStep:
         grads = [tf.cast(tf.convert_to_tensor(g), tf.float32) for g in grads]
         norms = tf.cast(norms, tf.float32)
         real = tf.cast(weights > 0, tf.float32)
+        if self.group_size > 1:  # One norm per group: a group is real if any row is.
+            real = tf.reduce_max(tf.reshape(real, [-1, self.group_size]), 1)
         finite = tf.math.is_finite(norms)
         safe_norms = tf.where(finite, norms, tf.zeros_like(norms))
         finite = tf.cast(finite, tf.float32)
@@ -285,6 +297,7 @@ class PrivateTrainStep:
         x, y, weights = (tf.convert_to_tensor(t) for t in (x, y, weights))
         n = int(x.shape[0])
         per = -(-n // r)
+        per = -(-per // self.group_size) * self.group_size  # No group split over replicas.
         pad = per * r - n
 
         def padded(t):

@@ -205,7 +205,7 @@ class RunReporter:
         return self.ledger.describe_epsilon(epsilon, step)
 
     def summary(self, *, epsilon, delta, steps, noise_multiplier, dataset_size,
-                validation_size, privacy_guarantee, not_private=None):
+                validation_size, privacy_guarantee, not_private=None, privacy_unit=None):
         """Writes `summary.json`, prints the `final:` lines; returns the dict.
 
         Args:
@@ -220,6 +220,9 @@ class RunReporter:
             not_private: str or None. Why no ε holds although the run is
                 private (an insecure reproducible seed); the `final:` line
                 then starts with "NOT PRIVATE". Defaults to None.
+            privacy_unit: dict or None. The privacy unit's entries of
+                `summary.json` (`privacy_unit`, and for users the
+                group-privacy comparison). Defaults to None.
         """
         if self.report_non_dp_statistics and self.duplicates_dropped:
             self.non_dp_metrics.update(
@@ -242,6 +245,8 @@ class RunReporter:
             summary["adjacency"] = self.ledger.adjacency
             summary["adjacency_description"] = self.ledger.adjacency_description
             summary["epsilon_replace_one"] = self.ledger.epsilon_replace_one(steps)
+            summary["privacy_unit"] = self.ledger.privacy_unit
+        summary.update(privacy_unit or {})
         if self.test_held_out:
             del summary["test_accuracy"]  # Under not_covered_by_epsilon.
         if self.held_out:
