@@ -5,7 +5,6 @@ import os
 
 import keras
 import numpy as np
-import pytest
 import tensorflow as tf
 
 import tfdp
@@ -117,8 +116,6 @@ class PretrainedTest(ModelTestCase):
                             source.get_layer("block_16_project").kernel)
         self.assertEqual(model.get_layer("head_dense").units, 2)
 
-    @pytest.mark.xfail(strict=True, reason="the DP engine refuses BatchNorm, frozen or not, "
-                       "until its rule for frozen BatchNorm lands")
     def test_keras_application_notop_weights_with_frozen_batchnorm(self):
         source, kwargs = self.save_mobilenet_v2_notop()
         frozen_bn, frozen = models.load_pretrained(4, _SHAPE, batchnorm="freeze", **kwargs)
