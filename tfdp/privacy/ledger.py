@@ -169,15 +169,6 @@ class PrivacyLedger:
         """
         return samplers.sampler_class(self._sampler).privacy_unit
 
-    @property
-    def privacy_unit(self):
-        """What `epsilon()` protects: "example", or "user" (all of one user's data).
-
-        The sampler's (`tfdp.samplers.Sampler.privacy_unit`); with "user",
-        `dataset_size` and `batch_size` count users.
-        """
-        return samplers.sampler_class(self._sampler).privacy_unit
-
     def epsilon_replace_one(self, steps=None):
         """Epsilon under replace-one adjacency, or None where not reported.
 
