@@ -70,6 +70,10 @@ class GinExperimentsTest(tf.test.TestCase):
             with gin.unlock_config():
                 self.assertEqual(gin.query_parameter("train.epochs"), 3)
                 self.assertEqual(gin.query_parameter("train.delta"), 1e-6)
+            # An include among the bindings is read like a --gin_file.
+            config.parse(["mnist_default.gin"], ["train.delta = 1e-7", "include 'extra.gin'"])
+            with gin.unlock_config():
+                self.assertEqual(gin.query_parameter("train.delta"), 1e-6)
             with open("bad.gin", "w") as f:
                 f.write("include 'models/no_such_model.gin'\n")
             with self.assertRaisesRegex(ValueError, r"Gin include not found in .*bad.gin: "

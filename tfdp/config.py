@@ -136,7 +136,9 @@ def parse(gin_files, gin_params):
     Args:
         gin_files: list of str. Files, found by `resolve_gin_file`; their
             includes by `resolve_include`.
-        gin_params: list of str. Bindings, applied after the files.
+        gin_params: list of str. Bindings, applied after the files, in
+            order; an `include 'x.gin'` among them is found and read like
+            a file of `gin_files`.
 
     Raises:
         ValueError: with a one-line message naming the bad file, include or
@@ -147,7 +149,20 @@ def parse(gin_files, gin_params):
     files = [resolve_gin_file(f) for f in gin_files]
     for path in files:
         _parse_file(path)
-    try:
-        gin.parse_config(gin_params)
-    except (ValueError, KeyError, SyntaxError, IOError) as e:
-        raise _bad_configuration(e, "--gin_param") from None
+    bindings = []
+
+    def parse_bindings():
+        try:
+            gin.parse_config(bindings)
+        except (ValueError, KeyError, SyntaxError, IOError) as e:
+            raise _bad_configuration(e, "--gin_param") from None
+        bindings.clear()
+
+    for binding in gin_params:
+        match = _INCLUDE.match(binding)
+        if match is None:
+            bindings.append(binding)
+            continue
+        parse_bindings()  # --gin_param="include 'x.gin'" is read as a --gin_file.
+        _parse_file(resolve_gin_file(match["path"]))
+    parse_bindings()
