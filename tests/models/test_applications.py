@@ -81,4 +81,7 @@ class LargerApplicationsTest(BoundedTestCase):
                 model = getattr(models, name)(10, _SHAPE)
                 self.assertNoBatchNorm(model)
                 self.assert_bounded(model)
+                plan = dp.plan(model, _SHAPE, 2, method="bk")
+                self.assertEqual(
+                    {layer.name for layer in plan.layers if layer.kind == "generic"}, set())
                 keras.backend.clear_session()
