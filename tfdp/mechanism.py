@@ -20,17 +20,20 @@ import math
 
 from tfdp import samplers
 from tfdp import secret_key as secret_key_lib
+from tfdp import validation
 from tfdp.privacy import accounting
 from tfdp.privacy import calibration
 from tfdp.privacy import ledger as ledger_lib
 
 
-def _check_positive(name, value, allow_zero=False):
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name} must be {bound}. Received: {name}={value!r}")
-    return float(value)
+def _check_batch_size(expected_batch_size):
+    if not (validation.is_real(expected_batch_size) and math.isfinite(expected_batch_size)
+            and expected_batch_size > 0):
+        raise ValueError(
+            "expected_batch_size must be a finite number > 0. "
+            f"Received: expected_batch_size={expected_batch_size!r}"
+        )
+    return float(expected_batch_size)
 
 
 class DPSGD:
@@ -76,7 +79,7 @@ class DPSGD:
         secret_key=None,
         insecure_reproducible_seed=None,
     ):
-        self.l2_norm_clip = _check_positive("l2_norm_clip", l2_norm_clip)
+        self.l2_norm_clip = validation.validate_l2_norm_clip(l2_norm_clip)
         if sampler is not None and not isinstance(sampler, samplers.Sampler):
             raise ValueError(
                 "sampler must be a tfdp.samplers.Sampler (e.g. "
@@ -84,13 +87,13 @@ class DPSGD:
                 f"logical_batch_size=...)`). Received: {sampler!r}"
             )
         self.sampler = sampler
-        self.delta = accounting.validate_delta(delta)
+        self.delta = validation.validate_delta(delta)
         accounting.validate_accountant(accountant)
         self.accountant = accountant
         if sampler is not None:
             accounting.check_supported(accountant, sampler)
         if target_epsilon is not None:
-            _check_positive("target_epsilon", target_epsilon)
+            target_epsilon = validation.validate_epsilon(target_epsilon)
         self.target_epsilon = target_epsilon
         self.planned_steps = steps
         if noise_multiplier is None:
@@ -107,8 +110,7 @@ class DPSGD:
             self.calibrated = True
         else:
             self.calibrated = False
-        self.noise_multiplier = _check_positive("noise_multiplier", noise_multiplier,
-                                                allow_zero=True)
+        self.noise_multiplier = validation.validate_noise_multiplier(noise_multiplier)
         if sampler is not None:
             if expected_batch_size is not None:
                 raise ValueError(
@@ -121,7 +123,7 @@ class DPSGD:
                 "DP-SGD needs the divisor of the noisy sum: pass a sampler, or "
                 "expected_batch_size. Received: sampler=None, expected_batch_size=None"
             )
-        self.expected_batch_size = _check_positive("expected_batch_size", expected_batch_size)
+        self.expected_batch_size = _check_batch_size(expected_batch_size)
         self.secret_key = secret_key_lib.SecretKey.resolve(secret_key, insecure_reproducible_seed)
 
     # ------------------------------------------------------------------

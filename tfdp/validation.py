@@ -78,7 +78,7 @@ def validate_delta(delta):
 
 
 def validate_epsilon(epsilon, name="target_epsilon", allow_zero=False):
-    """A privacy budget ε: a number > 0 (>= 0 with `allow_zero`); inf allowed.
+    """A privacy budget ε: a finite number > 0 (>= 0 with `allow_zero`).
 
     Args:
         epsilon: the value to check.
@@ -90,9 +90,7 @@ def validate_epsilon(epsilon, name="target_epsilon", allow_zero=False):
     Returns:
         ε as a float.
     """
-    if not is_real(epsilon) or math.isnan(epsilon) or epsilon < 0 or (
-        epsilon == 0 and not allow_zero
-    ):
+    if not _finite(epsilon) or epsilon < 0 or (epsilon == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{name} must be {bound}. Received: {name}={epsilon!r}")
     return float(epsilon)

@@ -33,6 +33,7 @@ import re
 
 import tensorflow as tf
 
+from tfdp import validation
 from tfdp.dp import layer_grads
 from tfdp.dp import layer_taps
 from tfdp.dp import model_probe
@@ -163,10 +164,7 @@ def clipped_grad_sum(
         (grads, norms): `grads` aligned with `model.trainable_variables`;
         `norms` the per-example unclipped gradient norms, shape [B].
     """
-    if not l2_norm_clip > 0:
-        raise ValueError(
-            f"l2_norm_clip must be > 0. Received: l2_norm_clip={l2_norm_clip}"
-        )
+    l2_norm_clip = validation.validate_l2_norm_clip(l2_norm_clip)
     k = int(augmentation_multiplicity)
     if k < 1:
         raise ValueError(

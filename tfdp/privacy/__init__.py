@@ -8,6 +8,8 @@ Public API:
 - `max_steps_within`: most steps within a target epsilon.
 - `epsilon_table` / `format_epsilon_table`: epsilon at several deltas.
 - `PrivacyLedger`: serialisable privacy state kept with checkpoints.
+- `PrivacyQuery`: one validated accounting question (σ, steps, δ, the
+  sampler and the accountant), asked for ε at other steps, σ or δ.
 - `steps_for_epochs`: `ceil(epochs * N / B)`.
 
 Imports no TensorFlow. See `docs/PRIVACY.md` for the accounting choices.
@@ -15,6 +17,7 @@ Imports no TensorFlow. See `docs/PRIVACY.md` for the accounting choices.
 
 from tfdp.privacy.accounting import ACCOUNTANTS
 from tfdp.privacy.accounting import DEFAULT_DELTAS
+from tfdp.privacy.accounting import PrivacyQuery
 from tfdp.privacy.accounting import SAMPLERS
 from tfdp.privacy.accounting import epsilon
 from tfdp.privacy.accounting import epsilon_table
@@ -32,6 +35,7 @@ __all__ = [
     "DEFAULT_DELTAS",
     "SAMPLERS",
     "PrivacyLedger",
+    "PrivacyQuery",
     "calibrate_noise",
     "epsilon",
     "epsilon_table",

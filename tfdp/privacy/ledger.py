@@ -4,6 +4,7 @@ import json
 import math
 
 from tfdp import samplers
+from tfdp import validation
 from tfdp.privacy import accounting
 from tfdp.privacy import calibration
 
@@ -77,10 +78,6 @@ class PrivacyLedger:
         batch_size=None,
         l2_norm_clip=None,
     ):
-        if l2_norm_clip is not None and not (
-            isinstance(l2_norm_clip, (int, float)) and math.isfinite(l2_norm_clip) and l2_norm_clip > 0
-        ):
-            raise ValueError(f"l2_norm_clip must be > 0. Received: l2_norm_clip={l2_norm_clip!r}")
         self._query = accounting.PrivacyQuery(
             noise_multiplier, steps, delta, sampling_rate=sampling_rate,
             dataset_size=dataset_size, batch_size=batch_size, accountant=accountant,
@@ -93,7 +90,8 @@ class PrivacyLedger:
         self._accountant = accountant
         self._dataset_size = self._query.dataset_size
         self._batch_size = self._query.batch_size
-        self._l2_norm_clip = None if l2_norm_clip is None else float(l2_norm_clip)
+        self._l2_norm_clip = (None if l2_norm_clip is None
+                              else validation.validate_l2_norm_clip(l2_norm_clip))
         self._steps = self._query.steps
 
     # The parameters are fixed for a ledger's life (changing them would make

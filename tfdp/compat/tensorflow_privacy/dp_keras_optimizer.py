@@ -23,6 +23,7 @@ import sys
 import keras
 from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 
+from tfdp import validation
 from tfdp.compat.tensorflow_privacy import _native_route
 from tfdp.keras import DPOptimizer
 from tfdp.keras import dp_model as dp_model_lib
@@ -37,17 +38,8 @@ _PER_EXAMPLE_REDUCTIONS = (None, "none")
 def validate_arguments(l2_norm_clip, noise_multiplier, num_microbatches=None,
                        gradient_accumulation_steps=1):
     """Raises a ValueError naming the first invalid TF-Privacy argument."""
-    if isinstance(l2_norm_clip, bool) or not (
-        isinstance(l2_norm_clip, (int, float)) and l2_norm_clip > 0
-    ):
-        raise ValueError(f"l2_norm_clip must be > 0. Received: l2_norm_clip={l2_norm_clip!r}")
-    if isinstance(noise_multiplier, bool) or not (
-        isinstance(noise_multiplier, (int, float)) and noise_multiplier >= 0
-    ):
-        raise ValueError(
-            "noise_multiplier must be a number >= 0. "
-            f"Received: noise_multiplier={noise_multiplier!r}"
-        )
+    validation.validate_l2_norm_clip(l2_norm_clip)
+    validation.validate_noise_multiplier(noise_multiplier)
     if num_microbatches is not None and (
         isinstance(num_microbatches, bool)
         or not isinstance(num_microbatches, int)
