@@ -55,7 +55,7 @@ class ElementwiseClip(registry.PerExampleClip):
     pass for a float32 position embedding (its per-example gradient is G)."""
 
     def __init__(self, layer, variable, per_example):
-        shape = tf.concat([[-1], tf.constant(variable.shape, tf.int32)], 0)
+        shape = (-1,) + tuple(int(d) for d in variable.shape)  # Static: traces too.
         super().__init__([variable], [tf.reshape(per_example, shape)])
         self.from_backward = (
             isinstance(layer, vit_layers.AddPositionEmbedding) and registry.is_float32(layer)
