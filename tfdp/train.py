@@ -364,6 +364,13 @@ def train(
     data = _load_data(dataset, data_dir, seed, validation_fraction, test_dataset, dry_run,
                       report_non_dp_statistics)
     if privacy_unit == "user":
+        if physical_batch_size % (dist.num_replicas_in_sync * group_size):
+            # Each replica clips its share of a batch: a user's block must not straddle two.
+            raise ValueError(
+                "Under privacy_unit='user', physical_batch_size must be a multiple of "
+                "max_examples_per_user times the number of replicas. Received: "
+                f"physical_batch_size={physical_batch_size}, max_examples_per_user={group_size}, "
+                f"replicas={dist.num_replicas_in_sync}")
         sampler, pad_granule = _user_sampler(data, logical_batch_size, physical_batch_size,
                                              group_size, pad_granule)
         data.n = sampler.dataset_size  # N counts users.

@@ -2,8 +2,10 @@
 
 import json
 import os
+import subprocess
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from scipy import stats
 
@@ -29,8 +31,14 @@ def _sampler(counts, users_per_step, k, physical=None, hosts=1):
     )
 
 
+_TRACED = {}
+
+
 def _blocks(sampler, step, key=KEY, host=0, granule=None):
-    indices, weights = sampler.step_indices(key, tf.constant(step, tf.int64), host, granule)
+    # One trace per sampler and layout: hundreds of eager draws were slow.
+    fn = _TRACED.setdefault((sampler, host, granule), tf.function(
+        lambda key, step: sampler.step_indices(key, step, host, granule), autograph=False))
+    indices, weights = fn(tf.constant(key, tf.int64), tf.constant(step, tf.int64))
     k = sampler.max_examples_per_user
     return indices.numpy().reshape(-1, k), weights.numpy().reshape(-1, k)
 
@@ -229,6 +237,23 @@ class UserLevelTrainerTest(tf.test.TestCase):
         again = run_train(*common, "--gin_param=train.epochs = 2", workdir=workdir)
         self.assertEqual(again.returncode, 2, again.stdout[-2000:])
         self.assertIn("privacy_unit: checkpoint 'user' vs this run 'example'", again.stderr)
+
+
+@pytest.mark.slow
+class UserLevelExampleTest(tf.test.TestCase):
+
+    def test_worked_example_script_runs_on_tiny_settings(self):
+        out = self.create_tempdir().full_path
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        result = subprocess.run(
+            [os.path.join(root, "launch", "user_level_example.sh"), out], capture_output=True,
+            text=True, env=dict(os.environ, EPOCHS="0.2"), timeout=1800)
+        self.assertEqual(result.returncode, 0, result.stdout[-2000:] + result.stderr[-2000:])
+        self.assertIn("simulated users: 500 users, 4000 images", result.stdout)
+        for name in ("user_level ", "example_level_group ", "example_level "):
+            self.assertIn(name, result.stdout)
+        self.assertRegex(result.stdout, r"example_level_group .* users of <= 20 images: "
+                                        r"epsilon=[0-9.]+ delta=")
 
 
 if __name__ == "__main__":
