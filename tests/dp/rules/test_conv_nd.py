@@ -1,11 +1,14 @@
 """Rule `conv`: Conv1D (causal, same, strided, dilated), Conv3D and grouped Conv2D."""
 
+from unittest import mock
+
 import keras
 import numpy as np
 import tensorflow as tf
 
 from tests.dp.rules import rule_test_case
 from tfdp import dp
+from tfdp.dp.rules import depthwise_conv
 
 
 class ConvRuleTest(rule_test_case.RuleTestCase):
@@ -38,11 +41,23 @@ class ConvRuleTest(rule_test_case.RuleTestCase):
     def test_conv3d_and_grouped_conv2d(self):
         inp = keras.Input((5, 5, 4))
         h = keras.layers.Conv2D(6, 3, groups=2, padding="same", name="grouped")(inp)
-        h = keras.layers.Reshape((5, 5, 6, 1))(h)
-        h = keras.layers.Conv3D(2, (2, 2, 3), strides=(1, 2, 1), name="conv3d")(h)
+        # One input channel per group, two outputs each: computed as a depthwise conv.
+        h = keras.layers.Conv2D(12, 3, groups=6, strides=2, padding="same", name="dw")(h)
+        h = keras.layers.Conv2D(6, 1, name="pointwise")(h)
+        h = keras.layers.Conv2D(6, (3, 2), groups=6, dilation_rate=(1, 2), padding="same",
+                                name="dw_dilated")(h)
+        h = keras.layers.Reshape((3, 3, 6, 1))(h)
+        h = keras.layers.Conv3D(2, (2, 2, 3), strides=(1, 2, 1), padding="same", name="conv3d")(h)
         h = keras.layers.GlobalAveragePooling3D()(h)
         model = keras.Model(inp, keras.layers.Dense(3)(h))
-        self._check(model, rule_test_case.images(6, 5, channels=4), ["grouped", "conv3d"])
+        depthwise = depthwise_conv.per_example_depthwise_grads
+        with mock.patch.object(depthwise_conv, "per_example_depthwise_grads",
+                               wraps=depthwise) as spy:
+            self._check(model, rule_test_case.images(6, 5, channels=4),
+                        ["grouped", "dw", "dw_dilated", "conv3d"])
+        # The two one-channel-per-group convs, for each tapped method and probe.
+        self.assertGreater(spy.call_count, 0)
+        self.assertEqual({c.args[0].name for c in spy.call_args_list}, {"dw", "dw_dilated"})
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from tfdp.dp import layer_grads
 from tfdp.dp import layer_taps
+from tfdp.dp.rules import depthwise_conv
 from tfdp.dp.rules import generic
 from tfdp.dp.rules import linear
 from tfdp.dp.rules import registry
@@ -403,6 +404,14 @@ def conv(layer, inputs, kernel):
     )
 
 
+def is_depthwise_conv2d(layer):
+    """A Conv2D with one input channel per group (groups = input channels)."""
+    return (
+        isinstance(layer, keras.layers.Conv2D) and layer.groups > 1
+        and int(layer.kernel.shape[2]) == 1 and layer.padding in ("valid", "same")
+    )
+
+
 @registry.register_rule(base_conv.BaseConv)
 class ConvRule(generic.InstantiatingRule):
     """Per-example kernel and bias gradients of any channels-last Keras conv."""
@@ -452,9 +461,21 @@ class ConvRule(generic.InstantiatingRule):
                     y = conv(layer, x_i[None], zeros)
                 return tape.gradient(y, zeros, output_gradients=g_i[None])
 
-            # parallel_iterations bounds how many rows' work is in flight at once.
-            kernel = tf.map_fn(one_row, (x, g), fn_output_signature=tf.float32,
-                               parallel_iterations=4)
+            if is_depthwise_conv2d(layer):
+                # One input channel per group (ConvNeXt's 7×7 convs): a
+                # depthwise conv, whose backprop is far cheaper than a
+                # grouped conv's on CPU. Kernel [kh, kw, 1, C·m] is the
+                # depthwise kernel [kh, kw, C, m] reshaped.
+                kh, kw, _, filters = kernel_shape
+                channels = int(x.shape[-1])
+                depthwise_shape = [kh, kw, channels, filters // channels]
+                kernel = depthwise_conv.per_example_depthwise_grads(
+                    layer, [x], [g], depthwise_shape)
+                kernel = tf.reshape(kernel, tf.concat([[-1], kernel_shape], 0))
+            else:
+                # parallel_iterations bounds how many rows' work is in flight at once.
+                kernel = tf.map_fn(one_row, (x, g), fn_output_signature=tf.float32,
+                                   parallel_iterations=4)
             bias = tf.reduce_sum(tf.reshape(g, [tf.shape(g)[0], -1, g.shape[-1]]), 1)
             total_kernel = kernel if total_kernel is None else total_kernel + kernel
             total_bias = bias if total_bias is None else total_bias + bias
