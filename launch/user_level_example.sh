@@ -9,7 +9,7 @@
 #    simulated users with 2-20 images each (a skewed Beta draw, from the public
 #    seed 2024), and its 1,000 test images.
 # 2. Trains user-level DP-SGD at epsilon = 8, delta = 1e-5 per USER
-#    (gin/mnist_user_level.gin).
+#    (gin/examples/mnist_user_level.gin).
 # 3. Trains example-level DP-SGD (gin/mnist_default.gin, learning rate 0.05)
 #    whose (epsilon, delta) group privacy converts to the same user-level
 #    (8, 1e-5) for users of up to 20 images: epsilon = 8 / 20,
@@ -74,7 +74,7 @@ run() {  # name, then trainer flags
   "${PY}" -m tfdp.train "$@" "${EXTRA[@]}" --workdir="${OUT}/${name}" > "${OUT}/${name}.log" 2>&1 \
     || { tail -20 "${OUT}/${name}.log"; exit 1; }
 }
-run user_level --gin_file=gin/mnist_user_level.gin --gin_param="USERS_NPZ = 'npz:${NPZ}'"
+run user_level --gin_file=gin/examples/mnist_user_level.gin --gin_param="USERS_NPZ = 'npz:${NPZ}'"
 # sigma ~ 4.6: the default learning rate (0.5) diverges; 0.05 did best of the two tried.
 run example_level_group --gin_file=gin/mnist_default.gin \
   --gin_param="train.dataset = 'npz:${NPZ}'" --gin_param="train.target_epsilon = ${EPS_EX}" \
