@@ -914,20 +914,9 @@ def _export(model, ema, out_dir):
 
 
 def _quiet_startup_noise():
-    """One-line warnings; drops gin's false "Path not found" errors.
-
-    gin first looks each `include` up as a Python package resource and logs
-    "Path not found" at ERROR when that fails, although its search path
-    then finds the file.
-    """
-    import logging
+    """One-line warnings (`tfdp.config` resolves gin includes, so gin logs no probes)."""
     import warnings
 
-    def drop_gin_probe(record):
-        return not (record.getMessage().startswith("Path not found: ")
-                    and record.pathname.endswith(os.path.join("gin", "resource_reader.py")))
-
-    logging.getLogger().addFilter(drop_gin_probe)
     warnings.formatwarning = lambda message, category, *args, **kwargs: f"warning: {message}\n"
 
 

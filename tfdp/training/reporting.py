@@ -38,8 +38,9 @@ def held_out_warning(held_out):
     if not held_out:
         return None
     sizes = " and ".join(f"{size} {name}" for name, size in held_out.items())
-    fix = ("set train.test_dataset to a separate test set"
-           if "test" in held_out else "set no validation_fraction")
+    fixes = {"test": "set train.test_dataset to a separate test set",
+             "validation": "set train.validation_fraction = 0"}
+    fix = " and ".join(fixes[name] for name in held_out)
     return (f"the {sizes} examples held out of the training data are NOT protected by "
             "epsilon: they are private data evaluated without noise every epoch, and their "
             f"figures are labelled {NOT_COVERED!r}. To hold out none, {fix}.")
@@ -218,8 +219,8 @@ class RunReporter:
             privacy_guarantee: str. What ε means, for `summary.json`; the
                 figures and examples that it does not cover are added here.
             not_private: str or None. Why no ε holds although the run is
-                private (an insecure reproducible seed); the `final:` line
-                then starts with "NOT PRIVATE". Defaults to None.
+                private (an insecure reproducible seed); the `final:` lines
+                with ε then start with "NOT PRIVATE". Defaults to None.
             privacy_unit: dict or None. The privacy unit's entries of
                 `summary.json` (`privacy_unit`, and for users the
                 group-privacy comparison). Defaults to None.
@@ -229,7 +230,7 @@ class RunReporter:
                 {f"duplicates_dropped_{k}": v for k, v in self.duplicates_dropped.items()})
         if not_private is None and self.ledger is not None:
             privacy_guarantee = " ".join(filter(None, [
-                privacy_guarantee,
+                privacy_guarantee.rstrip(".") + ".",
                 "Not covered: the figures under not_covered_by_epsilon, computed from the "
                 "private data without noise." if self.non_dp_metrics else None,
                 held_out_warning(self.held_out),
@@ -259,9 +260,10 @@ class RunReporter:
         if "validation_accuracy" in self.non_dp_metrics:
             log(f"final: validation_accuracy={self.non_dp_metrics['validation_accuracy']:.4f} "
                 f"(N={validation_size}, held out from training, {NOT_COVERED}; tune on this)")
+        prefix = f"NOT PRIVATE ({not_private}) " if not_private else ""
         if self.ledger is not None:
             replace_one = summary["epsilon_replace_one"]
-            log(f"final: epsilon={epsilon:.4f} at delta={delta:g} holds for "
+            log(f"final: {prefix}epsilon={epsilon:.4f} at delta={delta:g} holds for "
                 f"{self.ledger.adjacency} adjacency ({self.ledger.adjacency_description})"
                 + ("" if replace_one is None else
                    f"; replace-one epsilon={replace_one:.4f} at delta={delta:g}"))
@@ -270,7 +272,6 @@ class RunReporter:
             log(f"final: {test.strip()} (N={self.held_out['test']}, held out from training, "
                 f"{NOT_COVERED})")
             test = ""
-        prefix = f"NOT PRIVATE ({not_private}) " if not_private else ""
         log(f"final: {prefix}{test}epsilon={epsilon:.4f} "
             f"delta={delta:g} steps={steps}")
         return summary
