@@ -17,6 +17,7 @@ _KEYS = ("method", "jit_compile", "step_time_s", "peak_rss_mb", "time_ratio", "m
 
 class BenchCliTest(absltest.TestCase):
 
+    @pytest.mark.slow
     def test_json_output_of_a_tiny_run(self):
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow")
         proc = subprocess.run(

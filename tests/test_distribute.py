@@ -154,6 +154,7 @@ def _mirrored_child(out_path):
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 class MirroredStrategyTest(tf.test.TestCase):
     results = None
 
@@ -370,6 +371,7 @@ class MultiWorkerTest(tf.test.TestCase):
                                 start_new_session=True)
         return proc, out
 
+    @pytest.mark.slow
     def test_two_workers_train_identically_and_only_the_chief_checkpoints(self):
         workdir = self.create_tempdir().full_path
         worker_ckpts = self.create_tempdir().full_path

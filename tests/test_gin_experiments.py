@@ -1,5 +1,6 @@
 """Every experiment gin file parses, builds, calibrates and runs two steps (--dry_run)."""
 
+import pytest
 import glob
 import math
 import os
@@ -28,6 +29,7 @@ class GinExperimentsTest(tf.test.TestCase):
                 header = f.read().split("\ninclude")[0]
             self.assertIn("python -m tfdp.train", header, path)
 
+    @pytest.mark.slow
     def test_dry_run_every_experiment(self):
         for path in EXPERIMENTS:
             with self.subTest(os.path.basename(path)):

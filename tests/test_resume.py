@@ -1,6 +1,7 @@
 """SIGKILL a real training process at several points; the resumed run must
 count exactly the steps and ε of an uninterrupted one."""
 
+import pytest
 import json
 import os
 import re
@@ -66,6 +67,7 @@ def _run_to_end(workdir):
 
 class ResumeAfterKillTest(tf.test.TestCase):
 
+    @pytest.mark.slow
     def test_killed_and_resumed_run_matches_uninterrupted_run(self):
         reference_dir = self.create_tempdir().full_path
         reference = FINAL.search(_run_to_end(reference_dir))

@@ -4,6 +4,7 @@ the secret key: secret randomness, safe resume, labelled non-DP figures.
 Each test runs `python -m tfdp.train` as a user would.
 """
 
+import pytest
 import glob
 import json
 import os
@@ -63,6 +64,7 @@ def _files_holding(root, patterns, skip_dir=None):
 
 class SecretRandomnessTest(tf.test.TestCase):
 
+    @pytest.mark.slow
     def test_two_runs_differ_and_the_key_stays_in_the_checkpoints(self):
         workdirs = [self.create_tempdir().full_path for _ in range(2)]
         for workdir in workdirs:
@@ -87,6 +89,7 @@ class SecretRandomnessTest(tf.test.TestCase):
         self.assertTrue(os.path.isfile(os.path.join(workdir, "model.keras")))
         self.assertEqual(_files_holding(workdir, patterns, skip_dir=ckpt_dir), [])
 
+    @pytest.mark.slow
     def test_insecure_seed_reproduces_and_says_so(self):
         args = [*TINY, "--gin_param=train.insecure_reproducible_seed = 4",
                 "--gin_param=train.export_model = False"]
@@ -102,6 +105,7 @@ class SecretRandomnessTest(tf.test.TestCase):
         for name, value in weights[0].items():
             self.assertAllClose(value, weights[1][name], rtol=1e-5, atol=1e-6)
 
+    @pytest.mark.slow
     def test_resumed_run_continues_with_the_same_key(self):
         args = [*TINY, "--gin_param=train.epochs = 2",
                 "--gin_param=train.checkpoint_every_steps = 4",
@@ -150,14 +154,17 @@ class ResumeRefusalTest(tf.test.TestCase):
                 self.assertNotIn("Traceback", result.stderr)
                 self.assertNotIn("final:", result.stdout)
 
+    @pytest.mark.slow
     def test_private_run_refuses_a_non_private_checkpoint(self):
         # The issue's repro: the private run used to resume the non-private
         # model, train nothing and print epsilon=0.
         self._refused([*TINY, *NON_PRIVATE], (TINY, "written by a non-private run"))
 
+    @pytest.mark.slow
     def test_non_private_run_refuses_a_private_checkpoint(self):
         self._refused(TINY, ([*TINY, *NON_PRIVATE], "written by a private run"))
 
+    @pytest.mark.slow
     def test_any_change_of_privacy_parameters_or_key_is_refused(self):
         changes = [
             ("train.l2_norm_clip = 2.0", "l2_norm_clip"),
@@ -180,6 +187,7 @@ class NonDpStatisticsTest(tf.test.TestCase):
                 tags.update(v.tag for v in event.summary.value)
         return tags
 
+    @pytest.mark.slow
     def test_labelled_where_they_appear_and_one_switch_turns_them_off(self):
         workdir = self.create_tempdir().full_path
         result = run_train(*TINY, "--gin_param=train.export_model = False", workdir=workdir)

@@ -8,6 +8,7 @@ of the training data is labelled as not covered by epsilon; a separate one
 is not.
 """
 
+import pytest
 import json
 import os
 import re
@@ -108,6 +109,7 @@ class TrainOnYourImagesTest(tf.test.TestCase):
         self.assertIn("data: WARNING: the 21 validation examples held out of the training data "
                       "are NOT protected by epsilon", out)
 
+    @pytest.mark.slow
     def test_tfrecord_converted_to_array_record(self):
         directory = self.create_tempdir().full_path
         labels = np.arange(90) % 3
@@ -126,6 +128,7 @@ class TrainOnYourImagesTest(tf.test.TestCase):
         self.assertGreater(summary["not_covered_by_epsilon"]["skipped_undecodable_train"], 0)
         self.assertNotIn("validation_accuracy", summary["not_covered_by_epsilon"])
 
+    @pytest.mark.slow
     def test_npz_arrays(self):
         path = os.path.join(self.create_tempdir().full_path, "arrays.npz")
         rng = np.random.default_rng(0)

@@ -59,6 +59,11 @@ def _guarantee(ledger, key):
             "key, which is stored only in checkpoints/")
 
 
+# Examples the sensitivity probe of a dry run uses at most (training probes
+# its whole physical batch): at least `model_probe.MIN_PROBE_ROWS`.
+DRY_RUN_PROBE_EXAMPLES = 8
+
+
 def _check_batches_and_epochs(logical_batch_size, physical_batch_size, epochs):
     """The trainer's own arguments; C, σ, δ and ε are `tfdp.DPSGD`'s to validate."""
     if logical_batch_size < 1 or physical_batch_size < 1:
@@ -114,8 +119,8 @@ def _check_sensitivity(model, info, physical_batch_size, l2_norm_clip, method, *
     return figure
 
 
-def _dry_run(model, step_fn, info, sampler, total_steps, ledger, physical_batch_size, method,
-             sensitivity_kwargs):
+def _dry_run(model, step_fn, info, sampler, total_steps, ledger, physical_batch_size,
+             replica_batch_size, method, sensitivity_kwargs):
     """Two real steps on mock data of the right shapes, and a time estimate."""
     import numpy as np
     import tensorflow as tf
@@ -125,8 +130,14 @@ def _dry_run(model, step_fn, info, sampler, total_steps, ledger, physical_batch_
     sensitivity = None
     if method is not None:
         _log(str(dp.plan(model, info.image_shape, physical_batch_size, method)))
-        sensitivity = _check_sensitivity(model, info, physical_batch_size // sampler.group_size,
-                                         **sensitivity_kwargs)
+        # A dry run checks that the model and the loss can be probed, on a few
+        # rows: at ImageNet's physical batches the full probe needs the
+        # accelerators of the real run. Training probes again at its batch.
+        examples = min(replica_batch_size // sampler.group_size, DRY_RUN_PROBE_EXAMPLES)
+        sensitivity = _check_sensitivity(model, info, examples, **sensitivity_kwargs)
+        if examples < replica_batch_size // sampler.group_size:
+            _log(f"dry run: probed {examples} examples; training probes its physical batch of "
+                 f"{replica_batch_size // sampler.group_size} per replica before its first step")
     probe = min(physical_batch_size, 4 * sampler.group_size)
     rng = np.random.default_rng(0)
     x = tf.constant(rng.normal(size=(probe,) + tuple(info.image_shape)).astype("float32"))
@@ -409,6 +420,8 @@ def train(
                              augmentation_multiplicity=augmentation_multiplicity,
                              group_size=group_size)
     ema = _make_ema(model, ema_decay)
+    # Each replica's model call sees its share of a physical batch: the probe's batch.
+    replica_batch_size = physical_batch_size // dist.num_replicas_in_sync
     # Under privacy_unit="user" the probe leaves one user (a group) out.
     sensitivity_kwargs = dict(
         l2_norm_clip=l2_norm_clip, method=clipping_method, weight_decay=weight_decay,
@@ -416,8 +429,8 @@ def train(
     )
     if dry_run:
         return _dry_run(model, step_fn, data.info, plan.sampler, plan.total_steps, plan.ledger,
-                        physical_batch_size, clipping_method if private else None,
-                        sensitivity_kwargs)
+                        physical_batch_size, replica_batch_size,
+                        clipping_method if private else None, sensitivity_kwargs)
 
     # ===================================================================
     # Resume: weights, optimizer state (its iteration count is the step),
@@ -441,7 +454,7 @@ def train(
     _log_run_plan(model, data, plan, dataset, clipping_method, physical_batch_size,
                   target_epsilon)
     if private:
-        _check_sensitivity(model, data.info, physical_batch_size // group_size,
+        _check_sensitivity(model, data.info, replica_batch_size // group_size,
                            **sensitivity_kwargs)
 
     # ===================================================================

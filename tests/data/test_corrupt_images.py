@@ -135,10 +135,10 @@ class CorruptImagesTest(tf.test.TestCase):
         images = _images()
         encoded = np.array([tf.io.encode_png(i).numpy() for i in images], dtype=object)
         info = sources.DatasetInfo("png", 8, SHAPE)
-        decoded = sources._decode_in_memory(encoded, info)
+        decoded = sources.decode_in_memory(encoded, info)
         self.assertAllEqual(decoded, images)
         encoded[3] = b"\x89PNG\r\n\x1a\n"  # PNG signature, no data.
-        self.assertIs(sources._decode_in_memory(encoded, info), encoded)
+        self.assertIs(sources.decode_in_memory(encoded, info), encoded)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Every clipping method gives the naive loop's clipped sum and norms."""
 
+import pytest
 from unittest import mock
 
 from absl.testing import parameterized
@@ -48,6 +49,7 @@ class ClippingEquivalenceTest(dp_test_case.DPTestCase, parameterized.TestCase):
         model = models.resnet18(num_classes=10, input_shape=(32, 32, 3))
         self._check_image_model(model, 32)
 
+    @pytest.mark.slow
     def test_narrow_resnet50_gn_bottlenecks(self):
         model = models.resnet_v2(50, num_classes=5, input_shape=(16, 16, 3), width=8, groups=4)
         self._check_image_model(model, 16, batch=4)

@@ -1,5 +1,6 @@
 """Noise std σ·C (statistically), seeds, virtual steps, plan, errors."""
 
+import pytest
 import logging
 
 import keras
@@ -309,6 +310,7 @@ class PrivateTrainStepTest(tf.test.TestCase):
             for a, b in zip(got, want):
                 self.assertAllClose(a, b, rtol=1e-4, atol=1e-6, msg=method)
 
+    @pytest.mark.slow
     def test_batches_of_many_lengths_trace_twice_and_clip_alike(self):
         # Poisson steps end in physical batches of varying length: from the
         # second length on, one trace of unknown batch size serves them all,

@@ -5,6 +5,7 @@ examples, in-layer dropout, mixed precision): for each method, either a clear
 error, or a leave-one-out sensitivity ≤ C·(1 + 1e-4) and the naive loop's sum.
 """
 
+import pytest
 import keras
 import numpy as np
 import tensorflow as tf
@@ -213,6 +214,7 @@ class SensitivityTest(dp_test_case.DPTestCase):
         # bf16 forward passes of one example and of the batch round differently.
         self.check_methods(model, x, y, grad_rtol=3e-2)
 
+    @pytest.mark.slow
     def test_mixed_bfloat16_text_model(self):
         model = bf16_text_model()
         x, y = _ids((6, 7), 20), tf.constant([0, 1, 2, 0, 1, 2])

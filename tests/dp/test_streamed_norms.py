@@ -1,6 +1,7 @@
 """The streamed tapped path (`norm_stream`): exact inside tf.function, and its
 peak memory grows with the image like non-private training's."""
 
+import pytest
 import keras
 import numpy as np
 import tensorflow as tf
@@ -45,6 +46,7 @@ class StreamedEquivalenceTest(dp_test_case.DPTestCase):
                 self.assertAllClose(r / scale, g / scale, rtol=1e-4, atol=1e-4,
                                     msg=f"{v.path}, method={method}")
 
+    @pytest.mark.slow
     def test_resnet_with_instantiated_and_ghost_layers(self):
         model = models.resnet18(num_classes=10, input_shape=(48, 48, 3), width=8)
         modes = {layer.mode for layer in dp.plan(model, (48, 48, 3), 6, method="mixed").layers

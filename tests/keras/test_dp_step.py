@@ -171,7 +171,7 @@ class DPStepTest(ktc.KerasTestCase):
                  t, p, from_logits=True), logits),
         ]
         for loss, pred in cases:
-            with self.subTest(loss=loss):
+            with self.subTest(loss=repr(loss)):
                 fn = tfdp.keras.per_example_loss_fn(loss)
                 self.assertAllClose(fn(y, pred), expected, rtol=1e-5)
         fn = tfdp.keras.per_example_loss_fn("sparse_categorical_crossentropy", loss_weights=[2.0])

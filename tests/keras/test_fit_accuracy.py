@@ -1,5 +1,6 @@
 """`fit` trains useful private models on the offline MNIST subset."""
 
+import pytest
 import keras
 import tensorflow as tf
 
@@ -58,6 +59,7 @@ class FitAccuracyTest(ktc.KerasTestCase):
         self.assertEqual(int(dp.optimizer.iterations), 3 * round(len(x) / 128))
         self.assertAllClose(history.history["epsilon"][-1], dp.epsilon())
 
+    @pytest.mark.slow
     def test_functional_resnet_gn(self):
         # ResNet-18-GN at width 8 on 16x16 images, 2,000 examples, 2 epochs.
         x, y, xt, yt = _mnist(2000, size=16)

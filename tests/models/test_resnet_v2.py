@@ -143,6 +143,7 @@ class ResNetV2Test(ModelTestCase):
         self.assertOutputShape(model, (2, 7))
         self.assertEqual(model.get_layer("block_group4_block3_add").output.shape[1:], (2, 2, 512))
 
+    @pytest.mark.slow
     def test_weight_standardization(self):
         plain = models.resnet18(10, (32, 32, 3), width=8)
         model = models.resnet18(10, (32, 32, 3), width=8, weight_standardization=True)

@@ -1,3 +1,4 @@
+import pytest
 import os
 
 import numpy as np
@@ -76,6 +77,7 @@ class FreezeSubBlocksTest(ModelTestCase):
 
 
 class LoadWeightsMatchingTest(ModelTestCase):
+    @pytest.mark.slow
     def test_loads_all_but_head(self):
         source = _model(10)
         target = _model(3)

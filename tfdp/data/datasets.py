@@ -142,7 +142,7 @@ def _first_image_shape(source):
         return preprocessing_lib.decode(image, 0)
 
     # Reuses the pipelines' search for a decodable stand-in image.
-    image = pipeline._find_substitute(  # pylint: disable=protected-access
+    image = pipeline.find_substitute(
         source.as_dataset(), decode
     )
     return tuple(int(d) for d in decode(image, None).shape)
@@ -205,7 +205,7 @@ def _decoded(source, info, mode, size):
     def decode(image):
         return tf.cast(tf.round(resize(image) * 255.0), tf.uint8)
 
-    decoded = sources._decode_in_memory(  # pylint: disable=protected-access
+    decoded = sources.decode_in_memory(
         source.images, info, decode
     )
     if decoded is source.images:

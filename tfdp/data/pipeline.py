@@ -94,7 +94,7 @@ def _takes_seed(fn):
     return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
 
 
-def _find_substitute(dataset, preprocess_fn):
+def find_substitute(dataset, preprocess_fn):
     """A decodable encoded image from the first examples of `dataset`.
 
     Run through `preprocess_fn` (eagerly) it gives the shape and dtype of
@@ -259,7 +259,7 @@ def _indexed_train_pipeline(
     ds = tf.data.Dataset.range(start_step, num_steps).flat_map(step_elements)
     ds = ds.map(fetch, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     ds = guarded_map(
-        ds, preprocess_fn, lambda: _find_substitute(source.as_dataset(), preprocess_fn)
+        ds, preprocess_fn, lambda: find_substitute(source.as_dataset(), preprocess_fn)
     )
     if pad_granule == p:
         ds = ds.map(lambda *example: example[:-1]).batch(p, drop_remainder=True)
@@ -447,7 +447,7 @@ def _streaming_train_pipeline(
     )
     ds = guarded_map(
         ds, preprocess_fn,
-        lambda: _find_substitute(source.as_dataset(shuffle=False), preprocess_fn),
+        lambda: find_substitute(source.as_dataset(shuffle=False), preprocess_fn),
     )
     ds = ds.batch(sampler.physical_batch_size, drop_remainder=True)
     return ds.map(_count_skipped(decode_stats))
@@ -749,7 +749,7 @@ def make_eval_pipeline(
             )
         )
         ds = guarded_map(
-            ds, seeded, lambda: _find_substitute(source.as_dataset(shuffle=False), seeded)
+            ds, seeded, lambda: find_substitute(source.as_dataset(shuffle=False), seeded)
         )
         ds = ds.batch(batch_size).map(_pad_batch(batch_size, decode_stats))
     if _small_decoded_array(source, ds, _EVAL_CACHE_BYTES):

@@ -497,7 +497,7 @@ def load_tfds(
     # access == "in_memory"
     try:
         # Encoded bytes: tfds' own decoding would abort the whole load on one
-        # corrupt image; `_decode_in_memory` decodes with a guard instead.
+        # corrupt image; `decode_in_memory` decodes with a guard instead.
         ds = builder.as_dataset(
             split=split, decoders={image_key: tfds.decode.SkipDecoding()}
         )
@@ -510,11 +510,11 @@ def load_tfds(
         labels.append(batch[label_key])
     images, labels = np.concatenate(images), np.concatenate(labels)
     if images.ndim == 1:  # Encoded (image features); decode once, here.
-        images = _decode_in_memory(images, info)
+        images = decode_in_memory(images, info)
     return ArraySource(images, labels, info)
 
 
-def _decode_in_memory(encoded, info, decode_fn=None):
+def decode_in_memory(encoded, info, decode_fn=None):
     """Decodes `[N]` encoded images to `[N, H, W, C]` uint8.
 
     When some image fails to decode, returns the encoded array unchanged:
@@ -547,7 +547,7 @@ def _decode_in_memory(encoded, info, decode_fn=None):
     ds = pipeline.guarded_map(
         ds,
         decode,
-        lambda: pipeline._find_substitute(  # pylint: disable=protected-access
+        lambda: pipeline.find_substitute(
             tf.data.Dataset.from_tensor_slices(
                 (encoded.astype(object), np.zeros(len(encoded), np.int32))
             ),

@@ -215,7 +215,7 @@ def private_update(model, optimizer, per_example_loss, x, y, sample_weight=None,
     else:  # Per-example forward passes: recompute the batch's predictions.
         y_pred = model(x, training=True)
     examples = rows if weights is None else tf.math.count_nonzero(weights, dtype=tf.int32)
-    optimizer._dp_accumulate(clipped_sum, variables, last=last, examples=examples)
+    optimizer.dp_accumulate(clipped_sum, variables, last=last, examples=examples)
     return y_pred
 
 

@@ -580,7 +580,7 @@ class DPOptimizer(keras.optimizers.Optimizer):
         accounted = tf.maximum(step + 1, passes * self._pass_steps_var)
         return tf.logical_or(self._max_steps_var < 0, accounted <= self._max_steps_var)
 
-    def _dp_accumulate(self, clipped_sum, variables, last=None, examples=None):
+    def dp_accumulate(self, clipped_sum, variables, last=None, examples=None):
         """Adds one batch's clipped sum; at the end of a logical step, releases.
 
         Runs inside the model's (traced) train step.

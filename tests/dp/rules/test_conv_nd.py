@@ -1,5 +1,6 @@
 """Rule `conv`: Conv1D (causal, same, strided, dilated), Conv3D and grouped Conv2D."""
 
+import pytest
 from unittest import mock
 
 import keras
@@ -38,6 +39,7 @@ class ConvRuleTest(rule_test_case.RuleTestCase):
         x[1] *= 5.0
         self._check(model, tf.constant(x), ["causal", "strided", "valid"])
 
+    @pytest.mark.slow
     def test_conv3d_and_grouped_conv2d(self):
         inp = keras.Input((5, 5, 4))
         h = keras.layers.Conv2D(6, 3, groups=2, padding="same", name="grouped")(inp)
