@@ -578,8 +578,9 @@ def _user_sampler(data, users_per_step, physical_batch_size, k, pad_granule):
     user_ids = getattr(data.train, "user_ids", None)
     if user_ids is None:
         raise ValueError(
-            "privacy_unit='user' needs the user of every training example: an npz: file "
-            "with a `user_ids` array, or an ArraySource(user_ids=...). Received: training "
+            "privacy_unit='user' needs the user of every training example: a folder:'s "
+            "users.csv (path,user), a tfrecord: feature named by load_dataset.user_key, an "
+            "npz: file's `user_ids` array, or an ArraySource(user_ids=...). Received: training "
             f"data without user ids ({type(data.train).__name__})")
     ids, num_users = user_groups.compact_user_ids(user_ids)
     if users_per_step > num_users:

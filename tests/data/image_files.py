@@ -62,11 +62,12 @@ def write_folder(directory, counts, start_id=0, shapes=MIXED, corrupt=0, seed=0)
 
 
 def write_tfrecords(pattern_prefix, labels, num_shards=2, shape=(12, 12, 3), corrupt=(),
-                    image_key="image", label_key="label"):
+                    image_key="image", label_key="label", user_ids=None, user_key="user"):
     """Writes `<prefix>-0000k-of-0000n` TFRecord shards of PNG examples.
 
     Example i has label `labels[i]` and id i (in pixel (0, 0)); examples in
-    `corrupt` hold undecodable bytes.
+    `corrupt` hold undecodable bytes. With `user_ids`, each example also has
+    the int64 feature `user_key`.
     """
     rng = np.random.default_rng(len(labels))
     writers = [
@@ -75,10 +76,14 @@ def write_tfrecords(pattern_prefix, labels, num_shards=2, shape=(12, 12, 3), cor
     ]
     for i, label in enumerate(labels):
         image = CORRUPT if i in corrupt else encode(i, *shape, "png", rng)
-        example = tf.train.Example(features=tf.train.Features(feature={
+        feature = {
             image_key: tf.train.Feature(bytes_list=tf.train.BytesList(value=[image])),
             label_key: tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)])),
-        }))
+        }
+        if user_ids is not None:
+            feature[user_key] = tf.train.Feature(
+                int64_list=tf.train.Int64List(value=[int(user_ids[i])]))
+        example = tf.train.Example(features=tf.train.Features(feature=feature))
         writers[i % num_shards].write(example.SerializeToString())
     for writer in writers:
         writer.close()

@@ -198,7 +198,7 @@ class TFRecordTest(tf.test.TestCase):
         for n in (300, 3000):
             directory = self._write(np.arange(n) % 10)
             files = tfrecord.match_files(f"{directory}/train-*")
-            path, labels, stats = tfrecord.convert(
+            path, labels, _, stats = tfrecord.convert(
                 files, os.path.join(directory, "cache"), image_key="image", label_key="label"
             )
             self.assertEqual(len(labels), n)

@@ -1,12 +1,15 @@
-"""User ids per example: `npz:` and in-memory arrays, splits by user, user batches."""
+"""User ids per example: `npz:`, `folder:` (users.csv), `tfrecord:` (a feature) and
+in-memory arrays, splits by user, user batches."""
 
 import os
 
 import numpy as np
 import tensorflow as tf
 
+from tests.data import image_files
 from tfdp import data
 from tfdp import samplers
+from tfdp.data import folder
 from tfdp.data import sources
 from tfdp.data import splits
 from tfdp.data import validation
@@ -39,6 +42,75 @@ class UserIdsTest(tf.test.TestCase):
         by_image = {img.tobytes(): u for img, u in zip(images, user_ids)}
         for img, u in zip(train.images, train.user_ids):
             self.assertEqual(by_image[img.tobytes()], u)
+
+    def _folder_with_users(self, layout_train=True):
+        root = self.create_tempdir().full_path
+        train_dir = os.path.join(root, "train") if layout_train else root
+        image_files.write_folder(train_dir, {"cat": 12, "dog": 12},
+                                 shapes=((8, 8, 3, "png"),))
+        rows = []
+        for i, path in enumerate(sorted(
+                os.path.join(c, f) for c in ("cat", "dog")
+                for f in os.listdir(os.path.join(train_dir, c)))):
+            rel = os.path.join("train", path) if layout_train else path
+            rows.append((rel, f"patient-{i % 6}"))
+        return root, rows
+
+    def _write_csv(self, root, rows, header="path,user"):
+        with open(os.path.join(root, "users.csv"), "w") as f:
+            f.write(header + "\n" + "".join(f"{p},{u}\n" for p, u in rows))
+
+    def test_folder_users_csv_and_test_split_by_user(self):
+        for layout_train in (True, False):
+            with self.subTest(layout_train=layout_train):
+                root, rows = self._folder_with_users(layout_train)
+                self._write_csv(root, rows)
+                loaded = data.load_dataset(f"folder:{root}", test_fraction=0.34, seed=0)
+                self.assertIn("users from users.csv", loaded.notes)
+                train, test = loaded.train, loaded.test
+                self.assertEqual(len(train) + len(test), 24)
+                self.assertEmpty(set(train.user_ids) & set(test.user_ids))
+                self.assertLen(set(train.user_ids) | set(test.user_ids), 6)
+                # Each image keeps its patient: the rows cycle patients 0..5 in
+                # sorted path order, and the labels are cat (0) then dog (1).
+                found = folder.load_folder(root, in_memory_max_bytes=2**30)
+                self.assertAllEqual(found["train"].user_ids, np.arange(24) % 6)
+                by_index = folder.load_folder(root, in_memory_max_bytes=0)["train"]
+                self.assertIsInstance(by_index, folder.FileSource)
+                self.assertAllEqual(by_index.subset(np.arange(5, 10)).user_ids,
+                                    np.arange(5, 10) % 6)
+
+    def test_folder_users_csv_errors(self):
+        root, rows = self._folder_with_users()
+        self._write_csv(root, rows[1:])
+        with self.assertRaisesRegex(ValueError, r"does not list 1 of the 24 training images"):
+            data.load_dataset(f"folder:{root}")
+        self._write_csv(root, rows + [("train/cat/nope.png", "x")])
+        with self.assertRaisesRegex(ValueError, r"lists 1 files that do not exist.*nope\.png"):
+            data.load_dataset(f"folder:{root}")
+        self._write_csv(root, rows, header="file,patient")
+        with self.assertRaisesRegex(ValueError, "must start with the header line 'path,user'"):
+            data.load_dataset(f"folder:{root}")
+
+    def test_tfrecord_user_feature_in_memory_and_converted(self):
+        directory = self.create_tempdir().full_path
+        labels = np.arange(30) % 3
+        users = (np.arange(30) // 3) * 5
+        image_files.write_tfrecords(os.path.join(directory, "train"), labels, user_ids=users)
+        for in_memory_max_bytes in (2**30, 0):
+            with self.subTest(in_memory_max_bytes=in_memory_max_bytes):
+                loaded = data.load_dataset(
+                    f"tfrecord:{directory}/train-*", user_key="user", test_fraction=0.3,
+                    in_memory_max_bytes=in_memory_max_bytes,
+                    cache_dir=self.create_tempdir().full_path)
+                self.assertIn("users from feature 'user'", loaded.notes)
+                self.assertEmpty(set(loaded.train.user_ids) & set(loaded.test.user_ids))
+                self.assertEqual(set(loaded.train.user_ids) | set(loaded.test.user_ids),
+                                 set(users))
+        # Without the key nothing is read as users; a missing feature is named.
+        self.assertIsNone(data.load_dataset(f"tfrecord:{directory}/train-*").train.user_ids)
+        with self.assertRaisesRegex(ValueError, "int64 user feature 'patient'"):
+            data.load_dataset(f"tfrecord:{directory}/train-*", user_key="patient")
 
     def test_validation_split_by_user(self):
         images, labels, user_ids = _arrays()

@@ -249,7 +249,8 @@ def _load_test_dataset(test_dataset, train_prefix, class_names, options):
 
 def _load_custom(prefix, location, *, seed, test_fraction, num_classes, image_size, channels,
                  preprocessing_mode, image_key, label_key, cache_dir, in_memory_max_bytes,
-                 test_dataset):
+                 test_dataset, user_key=None):
+    # Test files need no user feature: they are not trained on.
     options = dict(image_key=image_key, label_key=label_key, cache_dir=cache_dir,
                    in_memory_max_bytes=in_memory_max_bytes)
     class_names = None
@@ -262,7 +263,7 @@ def _load_custom(prefix, location, *, seed, test_fraction, num_classes, image_si
         if num_classes is None:
             num_classes = len(class_names)
     elif prefix == "tfrecord":
-        train, notes = tfrecord.load_tfrecord(location, **options)
+        train, notes = tfrecord.load_tfrecord(location, user_key=user_key, **options)
         test, validation = None, None
         held_out = tfrecord.held_out_pattern(location) if test_dataset is None else None
         if held_out is not None:
@@ -327,6 +328,7 @@ def load_dataset(
     num_classes=None,
     image_key="image",
     label_key="label",
+    user_key=None,
     cache_dir=None,
     in_memory_max_bytes=256 * 2**20,
 ):
@@ -377,6 +379,10 @@ def load_dataset(
             (`tfrecord:`, `npz:`). Defaults to `None` (largest label + 1).
         image_key: str. Image feature of TFRecords. Defaults to `"image"`.
         label_key: str. Label feature of TFRecords. Defaults to `"label"`.
+        user_key: str, optional. int64 feature of TFRecords naming the user
+            of each training example, for `train.privacy_unit = 'user'`
+            (a folder's users come from its `users.csv`, an npz's from its
+            `user_ids` array). Defaults to `None` (no users).
         cache_dir: str, optional. Where TFRecords too large for memory are
             converted to ArrayRecord. Defaults to `None` (`.tfdp_cache/`
             beside the files).
@@ -402,6 +408,7 @@ def load_dataset(
             image_size=image_size, channels=channels, preprocessing_mode=preprocessing,
             image_key=image_key, label_key=label_key, cache_dir=cache_dir,
             in_memory_max_bytes=in_memory_max_bytes, test_dataset=test_dataset,
+            user_key=user_key,
         )
         return _with_validation(loaded, validation_fraction, seed)
     train_pre = eval_pre = None

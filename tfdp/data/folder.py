@@ -5,11 +5,18 @@ Layouts (class folder names are the labels, in sorted order):
     root/train/<class>/*.jpg   [root/test/<class>/...]   [root/validation/<class>/...]
     root/<class>/*.jpg                                    (no train/: all of it is training data)
 
+For user-level privacy (`train.privacy_unit = 'user'`), `root/users.csv`
+names the user of every training image: a header line `path,user`, then
+one line per file, its path relative to `root` (`train/cat/001.jpg`, or
+`cat/001.jpg` without `train/`) and any user name or number. Files of the
+test and validation folders may be listed too; they are not trained on.
+
 An index over the files (paths and labels) is random access with no
 conversion: Poisson sampling reads each sampled file with `tf.io.read_file`.
 Folders smaller than `in_memory_max_bytes` are read into memory once.
 """
 
+import csv
 import os
 
 import numpy as np
@@ -19,6 +26,8 @@ from tfdp.data import progress as progress_lib
 from tfdp.data import sources
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
+# The file of an image folder that names each training image's user.
+USERS_FILE = "users.csv"
 
 
 class FileSource(sources.ArraySource):
@@ -32,12 +41,14 @@ class FileSource(sources.ArraySource):
         paths: np.ndarray. `[N]` file paths (str).
         labels: np.ndarray. `[N]` integer labels.
         info: `DatasetInfo`, optional. Metadata. Defaults to `None`.
+        user_ids: np.ndarray, optional. `[N]` integers, the user of each
+            file (`ArraySource`). Defaults to `None`.
     """
 
     encoded = True
 
-    def __init__(self, paths, labels, info=None):
-        super().__init__(np.asarray(paths, dtype=object), labels, info)
+    def __init__(self, paths, labels, info=None, user_ids=None):
+        super().__init__(np.asarray(paths, dtype=object), labels, info, user_ids=user_ids)
 
     @property
     def paths(self):
@@ -122,7 +133,55 @@ def read_files(paths, desc="reading images"):
     return encoded
 
 
-def class_folder_source(directory, class_names, in_memory_max_bytes):
+def read_users(csv_path, root, paths):
+    """The user of each of `paths`, from a `path,user` CSV file.
+
+    Args:
+        csv_path: str. The CSV file: a header `path,user`, then one line per
+            image, its path relative to `root`.
+        root: str. The folder the CSV's paths are relative to.
+        paths: list of str. The training images, each of which must be listed.
+
+    Returns:
+        `[N]` int64 user ids (users numbered in sorted order of their names).
+
+    Raises:
+        ValueError: for a bad header, a listed file that does not exist, or
+            a training image that the file does not list.
+    """
+    with open(csv_path, newline="") as f:
+        rows = list(csv.reader(f))
+    if not rows or [c.strip() for c in rows[0]] != ["path", "user"]:
+        raise ValueError(
+            f"{csv_path} must start with the header line 'path,user'. Received: "
+            f"{','.join(rows[0]) if rows else 'an empty file'!r}")
+    user_of, missing = {}, []
+    for line, row in enumerate(rows[1:], start=2):
+        if not row or not "".join(row).strip():
+            continue
+        if len(row) != 2 or not row[1].strip():
+            raise ValueError(f"Each line of {csv_path} is 'path,user'. Received: line {line} "
+                             f"{','.join(row)!r}")
+        path = os.path.normpath(os.path.join(root, row[0].strip()))
+        if not os.path.isfile(path):
+            missing.append(row[0])
+        user_of[path] = row[1].strip()
+    if missing:
+        raise ValueError(f"{csv_path} lists {len(missing)} files that do not exist. "
+                         f"Received: {missing[:3]}")
+    unlisted = [p for p in paths if os.path.normpath(p) not in user_of]
+    if unlisted:
+        raise ValueError(
+            f"Under user-level privacy every training image needs its user: {csv_path} does "
+            f"not list {len(unlisted)} of the {len(paths)} training images. Received: "
+            f"{[os.path.relpath(p, root) for p in unlisted[:3]]}")
+    names = [user_of[os.path.normpath(p)] for p in paths]
+    _, ids = np.unique(np.asarray(names, dtype=object).astype(str), return_inverse=True)
+    return ids.astype(np.int64)
+
+
+def class_folder_source(directory, class_names, in_memory_max_bytes, users_csv=None,
+                        users_root=None):
     """The images of `directory/<class>/` as a source.
 
     Args:
@@ -131,14 +190,21 @@ def class_folder_source(directory, class_names, in_memory_max_bytes):
             evaluation folder; `None` for the training folder itself.
         in_memory_max_bytes: int. At most this many bytes of files are read
             into memory; more are read per index.
+        users_csv: str or None. A `path,user` file (`read_users`) naming
+            the user of every image. Defaults to None (no users).
+        users_root: str or None. The folder its paths are relative to.
+            Defaults to `directory`.
 
     Returns:
         `(class_names, source, how)`: `how` is "in memory" or "file index".
     """
     class_names, paths, labels, total_bytes = list_class_folders(directory, class_names)
+    user_ids = (None if users_csv is None else
+                read_users(users_csv, users_root or directory, paths))
     if total_bytes <= in_memory_max_bytes:
-        return class_names, sources.ArraySource(read_files(paths), labels), "in memory"
-    return class_names, FileSource(paths, labels), "file index"
+        return (class_names, sources.ArraySource(read_files(paths), labels, user_ids=user_ids),
+                "in memory")
+    return class_names, FileSource(paths, labels, user_ids=user_ids), "file index"
 
 
 def load_folder(root, *, in_memory_max_bytes):
@@ -155,13 +221,18 @@ def load_folder(root, *, in_memory_max_bytes):
     """
     if not os.path.isdir(root):
         raise ValueError(f"Image folder not found. Received: folder={root!r}")
+    users_csv = os.path.join(root, USERS_FILE)
+    users_csv = users_csv if os.path.isfile(users_csv) else None
+    users_note = f", users from {USERS_FILE}" if users_csv else ""
     train_dir = os.path.join(root, "train")
     if not os.path.isdir(train_dir):
-        class_names, train, how = class_folder_source(root, None, in_memory_max_bytes)
+        class_names, train, how = class_folder_source(root, None, in_memory_max_bytes,
+                                                      users_csv, root)
         return dict(train=train, test=None, validation=None, class_names=class_names,
-                    notes=f"{root}: class folders, train {how}")
-    class_names, train, how = class_folder_source(train_dir, None, in_memory_max_bytes)
-    notes = [f"train/ {how}"]
+                    notes=f"{root}: class folders, train {how}{users_note}")
+    class_names, train, how = class_folder_source(train_dir, None, in_memory_max_bytes,
+                                                  users_csv, root)
+    notes = [f"train/ {how}{users_note}"]
     held = {}
     for split in ("test", "validation"):
         directory = os.path.join(root, split)

@@ -29,6 +29,7 @@ from tfdp.data import sources
 
 _RECORD_FILE = "images.array_record"
 _LABELS_FILE = "labels.npy"
+_USERS_FILE = "user_ids.npy"
 _META_FILE = "meta.json"
 # Examples parsed per tf.io.parse_example call during a pass.
 _PARSE_BATCH = 256
@@ -44,14 +45,17 @@ class ArrayRecordSource:
         info: `DatasetInfo`, optional. Metadata. Defaults to `None`.
         keys: np.ndarray, optional. `[N]` record numbers of the examples
             (a subset's). Defaults to `None` (`0..N-1`).
+        user_ids: np.ndarray, optional. `[N]` integers, the user of each
+            example (`load_dataset.user_key`). Defaults to `None`.
     """
 
     random_access = True
     encoded = True
 
-    def __init__(self, path, labels, info=None, keys=None):
+    def __init__(self, path, labels, info=None, keys=None, user_ids=None):
         self.path = path
         self.labels = np.asarray(labels, np.int32)
+        self.user_ids = None if user_ids is None else np.asarray(user_ids, np.int64)
         self.keys = np.arange(len(self.labels)) if keys is None else np.asarray(keys, np.int64)
         self.info = info
         self._reader = None
@@ -70,7 +74,9 @@ class ArrayRecordSource:
 
     def subset(self, indices):
         """The examples `indices`, reading the same file."""
-        return ArrayRecordSource(self.path, self.labels[indices], self.info, self.keys[indices])
+        return ArrayRecordSource(
+            self.path, self.labels[indices], self.info, self.keys[indices],
+            None if self.user_ids is None else self.user_ids[indices])
 
     def _read(self, key):
         if self._reader is None:
@@ -105,22 +111,27 @@ def match_files(pattern):
     return files
 
 
-def _records(files, image_key, label_key):
-    """Yields `(encoded_images, labels)` numpy batches, reading the files once."""
+def _records(files, image_key, label_key, user_key=None):
+    """Yields `(encoded_images, labels, user_ids)` numpy batches, reading the files once.
+
+    `user_ids` is None without a `user_key`.
+    """
     features = {
         image_key: tf.io.FixedLenFeature([], tf.string),
         label_key: tf.io.FixedLenFeature([], tf.int64),
     }
+    if user_key is not None:
+        features[user_key] = tf.io.FixedLenFeature([], tf.int64)
     ds = tf.data.TFRecordDataset(files).batch(_PARSE_BATCH)
     ds = ds.map(lambda serialized: tf.io.parse_example(serialized, features))
     try:
         for batch in ds.as_numpy_iterator():
-            yield batch[image_key], batch[label_key]
+            yield batch[image_key], batch[label_key], batch.get(user_key)
     except tf.errors.InvalidArgumentError as e:
-        raise ValueError(_feature_error(files[0], image_key, label_key, e)) from None
+        raise ValueError(_feature_error(files[0], image_key, label_key, e, user_key)) from None
 
 
-def _feature_error(path, image_key, label_key, error):
+def _feature_error(path, image_key, label_key, error, user_key=None):
     found = "unreadable"
     try:
         first = next(iter(tf.data.TFRecordDataset([path]).take(1)))
@@ -130,22 +141,27 @@ def _feature_error(path, image_key, label_key, error):
         pass
     return (
         f"The TFRecords need a bytes feature {image_key!r} (encoded JPEG/PNG) and an int64 "
-        f"feature {label_key!r}; set them with load_dataset.image_key / label_key. "
+        f"feature {label_key!r}"
+        + (f" and an int64 user feature {user_key!r}" if user_key else "")
+        + "; set them with load_dataset.image_key / label_key"
+        + (" / user_key" if user_key else "") + ". "
         f"Received: features of the first record of {path}: {found} "
         f"({' '.join(error.message.split())[:200]})"
     )
 
 
-def _fingerprint(files, image_key, label_key):
+def _fingerprint(files, image_key, label_key, user_key=None):
     digest = hashlib.sha1()
     for path in files:
         stat = tf.io.gfile.stat(path)
         digest.update(f"{path}|{stat.length}|{stat.mtime_nsec}\n".encode())
     digest.update(f"{image_key}|{label_key}".encode())
+    if user_key is not None:
+        digest.update(f"|{user_key}".encode())
     return digest.hexdigest()[:16]
 
 
-def convert(files, cache_dir, *, image_key, label_key, num_examples=None):
+def convert(files, cache_dir, *, image_key, label_key, user_key=None, num_examples=None):
     """Converts TFRecords to a cached ArrayRecord file, or finds the cached one.
 
     Args:
@@ -153,20 +169,24 @@ def convert(files, cache_dir, *, image_key, label_key, num_examples=None):
         cache_dir: str. Directory that holds the conversions.
         image_key: str. Bytes feature of the encoded image.
         label_key: str. int64 feature of the label.
+        user_key: str, optional. int64 feature of the user id. Defaults to
+            `None` (no users).
         num_examples: int, optional. Expected count, for the progress bar.
             Defaults to `None`.
 
     Returns:
-        `(path_of_array_record, labels, stats)`; `stats` has `cached`
-        (bool) and `records_read` / `records_written` (0 when cached).
+        `(path_of_array_record, labels, user_ids, stats)`: `user_ids` is
+        None without a `user_key`; `stats` has `cached` (bool) and
+        `records_read` / `records_written` (0 when cached).
     """
     from array_record.python.array_record_module import ArrayRecordWriter
 
-    key = _fingerprint(files, image_key, label_key)
+    key = _fingerprint(files, image_key, label_key, user_key)
     target = os.path.join(cache_dir, f"tfrecord-{key}")
     if os.path.isfile(os.path.join(target, _META_FILE)):
         labels = np.load(os.path.join(target, _LABELS_FILE))
-        return os.path.join(target, _RECORD_FILE), labels, dict(
+        users = np.load(os.path.join(target, _USERS_FILE)) if user_key else None
+        return os.path.join(target, _RECORD_FILE), labels, users, dict(
             cached=True, records_read=0, records_written=0
         )
     try:
@@ -177,34 +197,43 @@ def convert(files, cache_dir, *, image_key, label_key, num_examples=None):
             "Cannot write the random-access conversion of the TFRecords; name a writable "
             f"directory with load_dataset.cache_dir. Received: cache_dir={cache_dir!r} ({e})"
         ) from None
-    labels, read, written = [], 0, 0
+    labels, users, read, written = [], [], 0, 0
     # group_size:1 makes each record its own chunk: one read per random access.
     writer = ArrayRecordWriter(os.path.join(scratch, _RECORD_FILE), "group_size:1")
     try:
         with progress_lib.progress(total=num_examples, desc="TFRecord -> ArrayRecord") as bar:
-            for images, batch_labels in _records(files, image_key, label_key):
+            for images, batch_labels, batch_users in _records(files, image_key, label_key,
+                                                              user_key):
                 for image in images:
                     writer.write(image)
                 read += len(images)
                 written += len(images)
                 labels.append(batch_labels)
+                users.append(batch_users)
                 bar.update(len(images))
         writer.close()
         labels = np.concatenate(labels).astype(np.int64) if labels else np.zeros([0], np.int64)
         np.save(os.path.join(scratch, _LABELS_FILE), labels)
+        if user_key:
+            users = np.concatenate(users).astype(np.int64) if users else np.zeros([0], np.int64)
+            np.save(os.path.join(scratch, _USERS_FILE), users)
+        else:
+            users = None
         with open(os.path.join(scratch, _META_FILE), "w") as f:
             json.dump({"files": files, "num_examples": int(len(labels)),
-                       "image_key": image_key, "label_key": label_key}, f)
+                       "image_key": image_key, "label_key": label_key,
+                       "user_key": user_key}, f)
         os.replace(scratch, target)  # Atomic: a crash never leaves a half cache.
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
-    return os.path.join(target, _RECORD_FILE), labels, dict(
+    return os.path.join(target, _RECORD_FILE), labels, users, dict(
         cached=False, records_read=read, records_written=written
     )
 
 
-def load_tfrecord(pattern, *, image_key, label_key, cache_dir, in_memory_max_bytes):
+def load_tfrecord(pattern, *, image_key, label_key, cache_dir, in_memory_max_bytes,
+                  user_key=None):
     """A random-access source over the `tf.train.Example`s of TFRecord files.
 
     Args:
@@ -215,6 +244,8 @@ def load_tfrecord(pattern, *, image_key, label_key, cache_dir, in_memory_max_byt
             cached; `None` caches beside the data, in `.tfdp_cache/`.
         in_memory_max_bytes: int. Files totalling at most this many bytes
             are read into memory instead of converted.
+        user_key: str, optional. int64 feature of the user of each example
+            (user-level privacy). Defaults to `None` (no users).
 
     Returns:
         `(source, notes)`: an `ArraySource` or `ArrayRecordSource` (with
@@ -223,26 +254,35 @@ def load_tfrecord(pattern, *, image_key, label_key, cache_dir, in_memory_max_byt
     files = match_files(pattern)
     total_bytes = sum(tf.io.gfile.stat(path).length for path in files)
     if total_bytes <= in_memory_max_bytes:
-        images, labels = [], []
+        images, labels, users = [], [], []
         with progress_lib.progress(desc="reading TFRecords") as bar:
-            for batch_images, batch_labels in _records(files, image_key, label_key):
+            for batch_images, batch_labels, batch_users in _records(files, image_key, label_key,
+                                                                    user_key):
                 images.extend(batch_images)
                 labels.append(batch_labels)
+                users.append(batch_users)
                 bar.update(len(batch_images))
         if not images:
             raise ValueError(f"The TFRecord files hold no examples. Received: pattern={pattern!r}")
         encoded = np.empty(len(images), dtype=object)
         encoded[:] = images
-        source = sources.ArraySource(encoded, np.concatenate(labels))
-        return source, f"{len(files)} TFRecord file(s) in memory"
+        source = sources.ArraySource(encoded, np.concatenate(labels),
+                                     user_ids=np.concatenate(users) if user_key else None)
+        return source, f"{len(files)} TFRecord file(s) in memory{_users_note(user_key)}"
     cache_dir = cache_dir or os.path.join(os.path.dirname(files[0]), ".tfdp_cache")
-    path, labels, stats = convert(files, cache_dir, image_key=image_key, label_key=label_key)
+    path, labels, users, stats = convert(files, cache_dir, image_key=image_key,
+                                         label_key=label_key, user_key=user_key)
     if not len(labels):
         raise ValueError(f"The TFRecord files hold no examples. Received: pattern={pattern!r}")
-    source = ArrayRecordSource(path, labels)
+    source = ArrayRecordSource(path, labels, user_ids=users)
     source.conversion_stats = stats
     how = "cached" if stats["cached"] else "converted"
-    return source, f"{len(files)} TFRecord file(s), random access via {path} ({how})"
+    return source, (f"{len(files)} TFRecord file(s), random access via {path} ({how})"
+                    f"{_users_note(user_key)}")
+
+
+def _users_note(user_key):
+    return f", users from feature {user_key!r}" if user_key else ""
 
 
 def held_out_pattern(pattern):
