@@ -206,7 +206,7 @@ def train(
     l2_norm_clip=1.0,
     noise_multiplier=None,
     target_epsilon=None,
-    delta=1e-5,
+    delta=None,
     accountant="rdp",
     clipping_method="auto",
     weight_decay=0.0,
@@ -282,7 +282,9 @@ def train(
         target_epsilon: float. Budget: calibrates σ when σ is None, and
             training stops before any step that would exceed it.
             Defaults to None.
-        delta: float. δ of the guarantee. Defaults to 1e-5.
+        delta: float or None. δ of the guarantee. Defaults to None:
+            `tfdp.privacy.default_delta(N)`, min(1e-5, the largest power of
+            ten below 1/N), the default of every route.
         accountant: str. "rdp" or "pld". Defaults to "rdp".
         clipping_method: str. See `tfdp.dp.clipped_grad_sum`.
             Defaults to "auto".
@@ -385,6 +387,10 @@ def train(
         sampler, pad_granule = _user_sampler(data, logical_batch_size, physical_batch_size,
                                              group_size, pad_granule)
         data.n = sampler.dataset_size  # N counts users.
+    if delta is None:
+        from tfdp import privacy
+
+        delta = privacy.default_delta(data.n)
     if logical_batch_size > data.n:
         raise ValueError(
             "logical_batch_size must not exceed the training set size. Received: "

@@ -307,3 +307,28 @@ class CliInProcessTest(parameterized.TestCase):
 
 if __name__ == "__main__":
     absltest.main()
+
+
+class DefaultDeltaTest(absltest.TestCase):
+    """One default δ on every route: min(1e-5, the largest power of ten below 1/N)."""
+
+    def test_values(self):
+        for n, delta in ((10, 1e-5), (4_000, 1e-5), (99_999, 1e-5), (100_000, 1e-6),
+                         (1_281_167, 1e-7), (None, 1e-5)):
+            self.assertAlmostEqual(privacy.default_delta(n), delta, msg=n)
+            if n:
+                self.assertLess(privacy.default_delta(n), 1 / n)
+
+    def test_cli_without_delta_uses_it(self):
+        code, out, err = _main("--dataset_size=1281167", "--batch_size=1024",
+                               "--steps=100", "--noise_multiplier=2", "--json")
+        self.assertEqual(code, 0, err)
+        self.assertEqual(json.loads(out)["delta"], 1e-7)
+
+    def test_the_trainer_defaults_to_it(self):
+        import inspect
+
+        from tfdp import train
+
+        fn = getattr(train.train, "__wrapped__", train.train)
+        self.assertIsNone(inspect.signature(fn).parameters["delta"].default)

@@ -22,7 +22,6 @@ logical step never spans two epochs (`DPModel.fit` discards an unfinished
 one, unreleased, at each epoch start), and Keras resumes at an epoch start.
 """
 
-import math
 
 import keras
 import tensorflow as tf
@@ -32,6 +31,7 @@ from tfdp import mechanism as mechanism_lib
 from tfdp import samplers
 from tfdp import secret_key as secret_key_lib
 from tfdp.dp import clipping
+from tfdp.privacy import accounting as privacy_accounting
 
 _NOT_PLAIN = (
     "DPOptimizer cannot be used as a plain optimizer: it was asked to apply "
@@ -165,8 +165,9 @@ class DPOptimizer(keras.optimizers.Optimizer):
             from a Keras checkpoint continues with a fresh secret key.
         dataset_size: int or None. N. Defaults to `None`: the length of the
             arrays given to `fit`; needed for a tf.data input's ledger.
-        delta: float or None. δ of the ledger. Defaults to `None`: the
-            largest power of ten below 1/N.
+        delta: float or None. δ of the ledger. Defaults to `None`:
+            `tfdp.privacy.default_delta(N)`, min(1e-5, the largest power of
+            ten below 1/N), as on every route.
         sampler: str or None. `"poisson"` or `"shuffle"`. Defaults to
             `None`: `"poisson"` for arrays (`"shuffle"` accounting with
             `fit(shuffle=False)`), `"shuffle"` for a tf.data input.
@@ -264,7 +265,9 @@ class DPOptimizer(keras.optimizers.Optimizer):
             # The contract validates C, σ, B, δ and the accountant now; the
             # mechanism of a fit is built when N and the batch size are known.
             mechanism_lib.DPSGD(
-                l2_norm_clip, noise_multiplier, delta=delta or 1e-5, accountant=accountant,
+                l2_norm_clip, noise_multiplier,
+                delta=delta or privacy_accounting.default_delta(dataset_size),
+                accountant=accountant,
                 expected_batch_size=1.0 if expected_batch_size is None else expected_batch_size,
                 secret_key=secret_key,
             )
@@ -498,7 +501,7 @@ class DPOptimizer(keras.optimizers.Optimizer):
     def _make_mechanism(self, sampler, batch):
         """A `DPSGD` from this optimizer's arguments, on its secret key."""
         n = sampler.dataset_size if sampler is not None else None
-        delta = self.delta or (default_delta(n) if n else 1e-5)
+        delta = self.delta or privacy_accounting.default_delta(n)
         if self._noise_divisor is not None:
             # TF-Privacy's microbatch divisor: no ledger (see the compat ledger).
             return mechanism_lib.DPSGD(
@@ -683,7 +686,8 @@ class DPOptimizer(keras.optimizers.Optimizer):
             logical_batch_size=min(batch, n), physical_batch_size=1,
         )
         given = self._given_mechanism
-        delta = delta or self.delta or (given.delta if given else None) or default_delta(n)
+        delta = (delta or self.delta or (given.delta if given else None)
+                 or privacy_accounting.default_delta(n))
         return mechanism_lib.DPSGD(
             self.l2_norm_clip, self.noise_multiplier, sampler=sampler, delta=delta,
             accountant=self.accountant, secret_key=self._secret_key,
@@ -766,7 +770,3 @@ def too_many_examples_error(count, dataset_size, applied):
         f"dataset_size={dataset_size}"
     )
 
-
-def default_delta(dataset_size):
-    """The largest power of ten strictly below 1/N."""
-    return 10.0 ** -(math.floor(math.log10(dataset_size)) + 1)

@@ -11,6 +11,7 @@ Public API:
 - `PrivacyQuery`: one validated accounting question (σ, steps, δ, the
   sampler and the accountant), asked for ε at other steps, σ or δ.
 - `steps_for_epochs`: `ceil(epochs * N / B)`.
+- `default_delta`: the δ of every route when none is given.
 
 Imports no TensorFlow. See `docs/PRIVACY.md` for the accounting choices.
 """
@@ -19,6 +20,7 @@ from tfdp.privacy.accounting import ACCOUNTANTS
 from tfdp.privacy.accounting import DEFAULT_DELTAS
 from tfdp.privacy.accounting import PrivacyQuery
 from tfdp.privacy.accounting import SAMPLERS
+from tfdp.privacy.accounting import default_delta
 from tfdp.privacy.accounting import epsilon
 from tfdp.privacy.accounting import epsilon_table
 from tfdp.privacy.accounting import format_epsilon_table
@@ -37,6 +39,7 @@ __all__ = [
     "PrivacyLedger",
     "PrivacyQuery",
     "calibrate_noise",
+    "default_delta",
     "epsilon",
     "epsilon_table",
     "format_epsilon_table",

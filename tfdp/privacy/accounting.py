@@ -158,6 +158,27 @@ def resolve_sampling_rate(
     return sampling_rate, dataset_size, batch_size
 
 
+# The largest default δ: training sets of fewer than 100,000 examples get it.
+MAX_DEFAULT_DELTA = 1e-5
+
+
+def default_delta(dataset_size=None):
+    """The δ every route uses when none is given: min(1e-5, the largest power of ten below 1/N).
+
+    1e-5 for N < 100,000 (the default run: N = 4,000), 1e-6 for N < 10⁶,
+    1e-7 for ImageNet's 1.28 M; 1e-5 while N is unknown.
+
+    Args:
+        dataset_size: int or None. N (examples, or users at user level).
+
+    Returns:
+        A float.
+    """
+    if dataset_size is None or dataset_size < 1:
+        return MAX_DEFAULT_DELTA
+    return min(MAX_DEFAULT_DELTA, 10.0 ** -(math.floor(math.log10(dataset_size)) + 1))
+
+
 def check_delta_against_dataset(delta, dataset_size, stacklevel=3):
     """Warns when `delta >= 1 / dataset_size`.
 

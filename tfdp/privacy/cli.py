@@ -100,7 +100,11 @@ def build_parser():
         type=_finite_float,
         help="calibrate the smallest sigma meeting this epsilon",
     )
-    parser.add_argument("--delta", type=_finite_float, required=True)
+    parser.add_argument(
+        "--delta", type=_finite_float, default=None,
+        help="delta of the guarantee (default: min(1e-5, the largest power of ten below "
+             "1/N), as in the trainer and Keras)",
+    )
     parser.add_argument(
         "--accountant", choices=("rdp", "pld", "both"), default="rdp"
     )
@@ -127,6 +131,8 @@ def _json_float(value):
 def compute(args):
     """Runs the accounting for parsed `args`; returns the result dict."""
     n, b = args.dataset_size, args.batch_size
+    if args.delta is None:
+        args.delta = accounting.default_delta(n)
     q, _, _ = accounting.resolve_sampling_rate(None, n, b)
     if args.epochs is not None:
         sampler = samplers.make_sampler(args.sampler, dataset_size=n, logical_batch_size=b)
