@@ -211,9 +211,6 @@ class BenchCliTest(absltest.TestCase):
             bench.main(["--methods=nonprivate,bogus"])
 
 
-if __name__ == "__main__":
-    absltest.main()
-
 
 class BenchModelsTest(absltest.TestCase):
     """The bench's model factory builds each vision transformer and keras.applications CNN."""
@@ -246,3 +243,25 @@ class BenchModelsTest(absltest.TestCase):
     def test_rejects_an_unknown_model(self):
         with self.assertRaisesRegex(ValueError, "Unknown bench model"):
             bench.build_model("vit_h14", image_size=32, channels=3, num_classes=7)
+
+
+class BenchHelpTest(absltest.TestCase):
+
+    def test_every_option_has_a_line_with_its_default(self):
+        import contextlib
+        import io
+
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), self.assertRaises(SystemExit) as exit_:
+            bench._parse_args(["--help"])
+        self.assertEqual(exit_.exception.code, 0)
+        text = out.getvalue()
+        for option, default in (("--image_size", "32"), ("--batch_size", "32"),
+                                ("--model", "resnet18"), ("--l2_norm_clip", "1.0"),
+                                ("--steps", "10"), ("--jit_compile", "both")):
+            block = text.split(f"  {option}", 1)[1].split("\n  --", 1)[0]
+            self.assertIn(f"(default: {default})", " ".join(block.split()), option)
+
+
+if __name__ == "__main__":
+    absltest.main()

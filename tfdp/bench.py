@@ -57,19 +57,23 @@ def _parse_args(argv):
         prog="python -m tfdp.bench",
         description="Median step time and peak memory of DP-SGD methods, each "
         "in its own subprocess, with ratios against non-private training.",
+        # Every option's line shows its default.
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--model", default="resnet18", choices=MODELS)
-    parser.add_argument("--image_size", type=int, default=32)
-    parser.add_argument("--channels", type=int, default=3)
-    parser.add_argument("--num_classes", type=int, default=10)
-    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--model", default="resnet18", choices=MODELS,
+                        help="The model (a tfdp.models builder of that name).")
+    parser.add_argument("--image_size", type=int, default=32, help="Square input size, px.")
+    parser.add_argument("--channels", type=int, default=3, help="Input channels.")
+    parser.add_argument("--num_classes", type=int, default=10, help="Classes of the head.")
+    parser.add_argument("--batch_size", type=int, default=32, help="The physical batch.")
     parser.add_argument(
         "--methods", default=",".join(DEFAULT_METHODS),
         help=f"Comma-separated subset of {','.join(ALL_METHODS)}.",
     )
     parser.add_argument("--steps", type=int, default=10, help="Timed steps.")
     parser.add_argument("--warmup", type=int, default=3, help="Untimed steps.")
-    parser.add_argument("--jit_compile", default="both", choices=("both", "on", "off"))
+    parser.add_argument("--jit_compile", default="both", choices=("both", "on", "off"),
+                        help="XLA off, on, or both (each method measured twice).")
     parser.add_argument(
         "--repeats", type=int, default=1,
         help="Runs every method this many times, interleaved, and keeps the "
@@ -80,9 +84,10 @@ def _parse_args(argv):
         help="Physical batches per logical (noisy) step; times are per physical batch. "
         "The noise, drawn once per logical step, is amortised over them.",
     )
-    parser.add_argument("--l2_norm_clip", type=float, default=1.0)
-    parser.add_argument("--noise_multiplier", type=float, default=1.0)
-    parser.add_argument("--weight_decay", type=float, default=0.0)
+    parser.add_argument("--l2_norm_clip", type=float, default=1.0, help="C.")
+    parser.add_argument("--noise_multiplier", type=float, default=1.0, help="σ.")
+    parser.add_argument("--weight_decay", type=float, default=0.0,
+                        help="In-loss L2 weight decay.")
     parser.add_argument(
         "--timeout", type=float, default=1800.0,
         help="Seconds allowed to each subprocess.",
