@@ -10,7 +10,7 @@ with statistics and weights fixed.
 import gin
 import keras
 
-from tfdp.models import _layers
+from tfdp.models import layer_factories
 from tfdp.models.find_batchnorm import find_batchnorm
 from tfdp.models.replace_batchnorm import replace_batchnorm
 
@@ -138,7 +138,7 @@ def keras_application(
         include_top=False, weights=weights, input_tensor=inputs, pooling="avg", **kwargs
     )
     outputs = keras.layers.Dense(
-        num_classes, kernel_initializer=_layers.xavier_normal(), name="head_dense"
+        num_classes, kernel_initializer=layer_factories.xavier_normal(), name="head_dense"
     )(backbone.output)
     model = keras.Model(inputs, outputs, name=name or architecture)
     model, _ = prepare_batchnorm(model, batchnorm, groups)

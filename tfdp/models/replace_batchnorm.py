@@ -4,7 +4,7 @@ import gin
 import keras
 from keras.src.models.functional import Functional
 
-from tfdp.models import _layers
+from tfdp.models import layer_factories
 from tfdp.models.group_normalization import GroupNormalization
 
 
@@ -21,7 +21,7 @@ def _to_group_norm(layer, groups):
     # GroupNorm has no running statistics, so the BN's gamma/beta (which were
     # fitted to batch statistics) would be wrong here: start from 1/0.
     return GroupNormalization(
-        groups=_layers.clamp_groups(groups, channels),
+        groups=layer_factories.clamp_groups(groups, channels),
         axis=axis,
         epsilon=layer.epsilon,
         center=layer.center,

@@ -3,7 +3,7 @@
 import gin
 import keras
 
-from tfdp.models import _layers
+from tfdp.models import layer_factories
 
 BLOCKS_PER_GROUP = {
     18: (2, 2, 2, 2),
@@ -117,7 +117,7 @@ def resnet_v2(
     ws = weight_standardization
 
     inputs = keras.Input(shape=tuple(input_shape), name="image")
-    x = _layers.conv(
+    x = layer_factories.conv(
         inputs, width, 7, 2, name="stem_conv", weight_standardization=ws
     )
     x = keras.layers.ZeroPadding2D(1, name="stem_pool_pad")(x)
@@ -127,7 +127,7 @@ def resnet_v2(
     for g, (num_blocks, stride) in enumerate(zip(blocks, group_strides), 1):
         out_channels = width * 2 ** (g - 1) * expansion
         for b in range(1, num_blocks + 1):
-            x = _layers.preact_block(
+            x = layer_factories.preact_block(
                 x,
                 channels,
                 out_channels,
@@ -141,5 +141,5 @@ def resnet_v2(
             )
             channels = out_channels
 
-    outputs = _layers.classifier_head(x, channels, num_classes, groups, epsilon)
+    outputs = layer_factories.classifier_head(x, channels, num_classes, groups, epsilon)
     return keras.Model(inputs, outputs, name=name or f"resnet{depth}_v2_gn")

@@ -3,7 +3,7 @@
 import gin
 import keras
 
-from tfdp.models import _layers
+from tfdp.models import layer_factories
 
 
 @gin.configurable(module="tfdp.models")
@@ -72,7 +72,7 @@ def small_convnet(
             width, kernel_size, strides=2, padding=padding, name=f"conv{i}"
         )(x)
         if groups:
-            x = _layers.group_norm(width, groups, epsilon, f"conv{i}_norm")(x)
+            x = layer_factories.group_norm(width, groups, epsilon, f"conv{i}_norm")(x)
         x = keras.layers.Activation(activation, name=f"conv{i}_act")(x)
         x = keras.layers.MaxPooling2D(2, strides=1, name=f"conv{i}_pool")(x)
     x = keras.layers.Flatten(name="flatten")(x)

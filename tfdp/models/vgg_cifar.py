@@ -3,7 +3,7 @@
 import gin
 import keras
 
-from tfdp.models import _layers
+from tfdp.models import layer_factories
 
 
 @gin.configurable(module="tfdp.models")
@@ -71,7 +71,7 @@ def vgg_cifar(
             prefix = f"block{b}_conv{c}"
             x = keras.layers.Conv2D(width, 3, padding="same", name=prefix)(x)
             if group_norm:
-                x = _layers.group_norm(width, groups, epsilon, f"{prefix}_norm")(x)
+                x = layer_factories.group_norm(width, groups, epsilon, f"{prefix}_norm")(x)
             x = keras.layers.Activation(activation, name=f"{prefix}_act")(x)
         x = keras.layers.MaxPooling2D(2, name=f"block{b}_pool")(x)
     x = keras.layers.Flatten(name="flatten")(x)

@@ -3,7 +3,7 @@
 import gin
 import keras
 
-from tfdp.models import _layers
+from tfdp.models import layer_factories
 from tfdp.models.vit_layers import AddPositionEmbedding
 from tfdp.models.vit_layers import ClassToken
 from tfdp.models.vit_layers import LayerScale
@@ -116,7 +116,7 @@ def vit(
     x = keras.layers.Cropping1D((0, tokens), name="head_class_token")(x)
     x = keras.layers.Flatten(name="head_flatten")(x)
     outputs = keras.layers.Dense(
-        num_classes, kernel_initializer=_layers.xavier_normal(), name="head_dense"
+        num_classes, kernel_initializer=layer_factories.xavier_normal(), name="head_dense"
     )(x)
     return keras.Model(inputs, outputs, name=name or f"vit_{width}_{depth}_p{patch_size}")
 

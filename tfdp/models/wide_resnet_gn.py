@@ -3,7 +3,7 @@
 import gin
 import keras
 
-from tfdp.models import _layers
+from tfdp.models import layer_factories
 
 
 @gin.configurable(module="tfdp.models")
@@ -72,12 +72,12 @@ def wide_resnet_gn(
     ws = weight_standardization
 
     inputs = keras.Input(shape=tuple(input_shape), name="image")
-    x = _layers.conv(inputs, 16, 3, 1, name="stem_conv", weight_standardization=ws)
+    x = layer_factories.conv(inputs, 16, 3, 1, name="stem_conv", weight_standardization=ws)
     channels = 16
     for g, (base, stride) in enumerate(zip((16, 32, 64), (1, 2, 2)), 1):
         out_channels = base * width_factor
         for b in range(1, num_blocks + 1):
-            x = _layers.preact_block(
+            x = layer_factories.preact_block(
                 x,
                 channels,
                 out_channels,
@@ -90,7 +90,7 @@ def wide_resnet_gn(
                 strided_conv=1,
             )
             channels = out_channels
-    outputs = _layers.classifier_head(x, channels, num_classes, groups, epsilon)
+    outputs = layer_factories.classifier_head(x, channels, num_classes, groups, epsilon)
     return keras.Model(
         inputs, outputs, name=name or f"wrn_{depth}_{width_factor}_gn"
     )

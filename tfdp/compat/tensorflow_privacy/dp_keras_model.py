@@ -11,7 +11,7 @@ in a `tfdp.DPModel`, and `compile` wraps the plain optimizer in a
 
 import keras
 
-from tfdp.compat.tensorflow_privacy import _native_route
+from tfdp.compat.tensorflow_privacy import native_route
 from tfdp.compat.tensorflow_privacy.dp_keras_optimizer import DPKerasOptimizer
 from tfdp.compat.tensorflow_privacy.dp_keras_optimizer import validate_arguments
 from tfdp.keras import DPModel as NativeDPModel
@@ -68,7 +68,7 @@ class DPModel(NativeDPModel):
         model=None,
         **kwargs,
     ):
-        _native_route.log_native_route_once()
+        native_route.log_native_route_once()
         if isinstance(num_microbatches, bool):
             raise ValueError(
                 "Boolean value supplied for `num_microbatches`; did you mean "

@@ -24,7 +24,7 @@ import keras
 from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 
 from tfdp import validation
-from tfdp.compat.tensorflow_privacy import _native_route
+from tfdp.compat.tensorflow_privacy import native_route
 from tfdp.keras import DPOptimizer
 from tfdp.keras import dp_model as dp_model_lib
 
@@ -105,7 +105,7 @@ class DPKerasOptimizer(DPOptimizer):
         gradient_accumulation_steps=1,
         name=None,
     ):
-        _native_route.log_native_route_once()
+        native_route.log_native_route_once()
         validate_arguments(
             l2_norm_clip, noise_multiplier, num_microbatches, gradient_accumulation_steps
         )

@@ -1,4 +1,4 @@
-"""Private layer factories shared by the tfdp model builders.
+"""Layer factories shared by the tfdp model builders.
 
 Every builder makes its layers here so that padding, initialisation and
 GroupNorm group clamping behave the same across architectures.
