@@ -520,6 +520,12 @@ def _load_data(dataset, data_dir, seed, validation_fraction, test_dataset, dry_r
     from tfdp.training import reporting
 
     if dry_run and dataset in data_lib.CATALOG:
+        from tfdp.data import sources
+
+        if dataset not in sources.OFFLINE_DATASETS:
+            # The plan runs on mock data; say whether the real run would find its data.
+            prepared, message = sources.tfds_preparation_status(dataset, data_dir)
+            _log(f"dry run: data {'OK' if prepared else 'NOT READY'}: {message}")
         entry = data_lib.catalog_entry(dataset)
         n = entry.train_size - data_lib.held_out_count(entry.train_size, validation_fraction)
         return types.SimpleNamespace(

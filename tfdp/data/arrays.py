@@ -1,8 +1,9 @@
 """NumPy `.npz` files of images and labels, held in memory.
 
 Keys (the Keras convention, as in `mnist.npz`): `x_train`, `y_train` and
-optionally `x_test`, `y_test`; `images`, `labels` are accepted for a file
-that holds the training data only. Images are `[N, H, W]` (grayscale) or
+optionally `x_test`, `y_test`; `images`, `labels` or `x`, `y` (what
+`np.savez(f, x=..., y=...)` writes) are accepted for a file that holds the
+training data only. Images are `[N, H, W]` (grayscale) or
 `[N, H, W, C]`, uint8 in [0, 255] or float in [0, 1]. An optional `user_ids`
 array (`[N]` integers) names the user who contributed each training
 example: for user-level privacy (`train.privacy_unit = 'user'`), and so
@@ -15,7 +16,7 @@ import numpy as np
 
 from tfdp.data import sources
 
-_TRAIN_KEYS = (("x_train", "y_train"), ("images", "labels"))
+_TRAIN_KEYS = (("x_train", "y_train"), ("images", "labels"), ("x", "y"))
 _TEST_KEYS = ("x_test", "y_test")
 _USER_KEY = "user_ids"
 
@@ -65,7 +66,8 @@ def load_npz(path):
         train_keys = next((k for k in _TRAIN_KEYS if set(k) <= keys), None)
         if train_keys is None:
             raise ValueError(
-                "An .npz needs the arrays x_train and y_train (or images and labels). "
+                "An .npz needs the arrays x_train and y_train (or images and labels, or x "
+                "and y). "
                 f"Received: keys {sorted(keys)} in {path}"
             )
         train = _arrays(npz, *train_keys, path,

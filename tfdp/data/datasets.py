@@ -35,6 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdp.data import arrays
+from tfdp.data import catalog
 from tfdp.data import duplicates
 from tfdp.data import folder
 from tfdp.data import pipeline
@@ -105,6 +106,26 @@ def parse_dataset(dataset):
             )
         return prefix, os.path.expanduser(location)
     return None, dataset
+
+
+def _check_dataset_name(dataset):
+    """A path given without its prefix gets "did you mean ...?"; a bare name must be a dataset name."""
+    path = os.path.expanduser(dataset)
+    if os.path.exists(path) or os.sep in dataset:
+        if os.path.isdir(path):
+            guess = f"folder:{dataset}"
+        elif dataset.endswith(".npz"):
+            guess = f"npz:{dataset}"
+        else:
+            guess = f"tfrecord:{dataset}"
+        raise ValueError(
+            f"A path needs its kind: 'folder:', 'tfrecord:' or 'npz:'; did you mean "
+            f"{guess!r}? Received: dataset={dataset!r}")
+    if not dataset or not all(c.isalnum() or c in "_-/.:" for c in dataset):
+        raise ValueError(
+            f"Unknown dataset; expected one of {sorted(catalog.CATALOG)}, another prepared "
+            "tfds name, or your own data as 'folder:<dir>', 'tfrecord:<glob>' or 'npz:<file>'. "
+            f"Received: dataset={dataset!r}")
 
 
 def _check_labels(splits_by_name, num_classes):
@@ -411,6 +432,7 @@ def load_dataset(
             user_key=user_key,
         )
         return _with_validation(loaded, validation_fraction, seed)
+    _check_dataset_name(dataset)
     train_pre = eval_pre = None
     if dataset in sources.OFFLINE_DATASETS:
         train, test, info = sources.load_offline(dataset, seed=seed)

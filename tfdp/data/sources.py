@@ -401,6 +401,22 @@ def _not_prepared_error(name, data_dir, builder):
     )
 
 
+def tfds_preparation_status(name, data_dir=None):
+    """`(prepared, message)`: whether tfds dataset `name` is prepared, and where or how.
+
+    Reads only tfds's metadata (no example), for `--dry_run`.
+    """
+    import tensorflow_datasets as tfds
+
+    try:
+        builder = tfds.builder(name, data_dir=data_dir)
+    except tfds.core.registered.DatasetNotFoundError:
+        return False, f"{name!r} is not a tfds dataset"
+    if builder.is_prepared():
+        return True, f"{name!r} is prepared in {builder.data_dir}"
+    return False, str(_not_prepared_error(name, data_dir, builder))
+
+
 def _tfds_info(builder, name, image_key, label_key):
     features = builder.info.features
     return DatasetInfo(
@@ -457,8 +473,12 @@ def load_tfds(
     try:
         builder = tfds.builder(name, data_dir=data_dir)
     except tfds.core.registered.DatasetNotFoundError as e:
+        from tfdp.data import catalog
+
         raise ValueError(
-            f"Unknown tfds dataset. Received: name={name!r}"
+            f"Unknown dataset; expected one of {sorted(catalog.CATALOG)}, another tfds name, "
+            "or your own data as 'folder:<dir>', 'tfrecord:<glob>' or 'npz:<file>'. "
+            f"Received: name={name!r}"
         ) from e
     if download:
         download_config = tfds.download.DownloadConfig(manual_dir=manual_dir)
