@@ -133,11 +133,12 @@ def _dry_run(model, step_fn, info, sampler, total_steps, ledger, physical_batch_
         # A dry run checks that the model and the loss can be probed, on a few
         # rows: at ImageNet's physical batches the full probe needs the
         # accelerators of the real run. Training probes again at its batch.
-        examples = min(replica_batch_size // sampler.group_size, DRY_RUN_PROBE_EXAMPLES)
+        training_examples = replica_batch_size // sampler.group_size
+        examples = min(training_examples, DRY_RUN_PROBE_EXAMPLES)
         sensitivity = _check_sensitivity(model, info, examples, **sensitivity_kwargs)
-        if examples < replica_batch_size // sampler.group_size:
+        if examples < training_examples:
             _log(f"dry run: probed {examples} examples; training probes its physical batch of "
-                 f"{replica_batch_size // sampler.group_size} per replica before its first step")
+                 f"{training_examples} per replica before its first step")
     probe = min(physical_batch_size, 4 * sampler.group_size)
     rng = np.random.default_rng(0)
     x = tf.constant(rng.normal(size=(probe,) + tuple(info.image_shape)).astype("float32"))

@@ -27,6 +27,17 @@ CATALOG = {
 }
 
 
+def unknown_dataset_error(name, argument="dataset"):
+    """The error for a dataset name that is neither in the catalog nor in tfds.
+
+    `argument` is the name of the caller's argument that held it.
+    """
+    return ValueError(
+        f"Unknown dataset; expected one of {sorted(CATALOG)}, another prepared tfds name, "
+        "or your own data as 'folder:<dir>', 'tfrecord:<glob>' or 'npz:<file>'. "
+        f"Received: {argument}={name!r}")
+
+
 def catalog_entry(name):
     """The `CatalogEntry` of a dataset name."""
     if name not in CATALOG:

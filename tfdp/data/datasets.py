@@ -122,10 +122,7 @@ def _check_dataset_name(dataset):
             f"A path needs its kind: 'folder:', 'tfrecord:' or 'npz:'; did you mean "
             f"{guess!r}? Received: dataset={dataset!r}")
     if not dataset or not all(c.isalnum() or c in "_-/.:" for c in dataset):
-        raise ValueError(
-            f"Unknown dataset; expected one of {sorted(catalog.CATALOG)}, another prepared "
-            "tfds name, or your own data as 'folder:<dir>', 'tfrecord:<glob>' or 'npz:<file>'. "
-            f"Received: dataset={dataset!r}")
+        raise catalog.unknown_dataset_error(dataset)
 
 
 def _check_labels(splits_by_name, num_classes):

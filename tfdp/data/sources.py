@@ -475,11 +475,7 @@ def load_tfds(
     except tfds.core.registered.DatasetNotFoundError as e:
         from tfdp.data import catalog
 
-        raise ValueError(
-            f"Unknown dataset; expected one of {sorted(catalog.CATALOG)}, another tfds name, "
-            "or your own data as 'folder:<dir>', 'tfrecord:<glob>' or 'npz:<file>'. "
-            f"Received: name={name!r}"
-        ) from e
+        raise catalog.unknown_dataset_error(name, "name") from e
     if download:
         download_config = tfds.download.DownloadConfig(manual_dir=manual_dir)
         builder.download_and_prepare(download_config=download_config)
