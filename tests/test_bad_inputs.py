@@ -134,14 +134,14 @@ class BadInputsTest(tf.test.TestCase):
         corrupt_train = list(range(0, 1437, 7))  # 206 of 1437: some in every step.
         sources = data.DatasetSplits(
             encode(train_src, corrupt_train), None, encode(test_src, [1, 2, 3]), info)
-        original = train_lib.load_data
-        train_lib.load_data = lambda *args, **kwargs: sources
+        original = data.load_dataset
+        data.load_dataset = lambda *args, **kwargs: sources
         workdir = self.create_tempdir().full_path
         try:
             with _Capture() as out:
                 summary = self._train(workdir=workdir)
         finally:
-            train_lib.load_data = original
+            data.load_dataset = original
         self.assertEqual(summary["steps"], 12)
         skipped = summary["not_covered_by_epsilon"]["skipped_undecodable_train"]
         # ~ q * 206 per step over 12 steps (q = 128/1437): well away from 0 and 206.
@@ -162,15 +162,15 @@ class BadInputsTest(tf.test.TestCase):
         overflowing = np.full_like(train_src.images, 1000.0)
         sources = data.DatasetSplits(data.ArraySource(overflowing, train_src.labels, info),
                                      None, test_src, info)
-        original = train_lib.load_data
-        train_lib.load_data = lambda *args, **kwargs: sources
+        original = data.load_dataset
+        data.load_dataset = lambda *args, **kwargs: sources
         try:
             with _Capture() as out:
                 summary = self._train("train.insecure_reproducible_seed = 7",
                                       "train.model_fn = @tests.overflowing_model",
                                       "train.log_every_steps = 6")
         finally:
-            train_lib.load_data = original
+            data.load_dataset = original
         self.assertEqual(summary["steps"], 12)
         self.assertRegex(out.text, r"not covered by epsilon\): \d+ examples had non-finite "
                                    "gradients and were dropped")

@@ -105,3 +105,23 @@ class GinExperimentsTest(tf.test.TestCase):
 
 if __name__ == "__main__":
     tf.test.main()
+
+
+class GinTypoTest(tf.test.TestCase):
+    """A misspelt binding gets the closest name."""
+
+    def _error(self, binding):
+        with self.assertRaises(ValueError) as caught:
+            config.parse(["mnist_default.gin"], [binding])
+        return str(caught.exception)
+
+    def test_closest_parameter(self):
+        self.assertIn("Did you mean 'train.epochs'?", self._error("train.epoch = 3"))
+        self.assertIn("Did you mean 'load_dataset.image_size'?",
+                      self._error("load_dataset.image_sise = 32"))
+
+    def test_closest_configurable(self):
+        self.assertIn("Did you mean 'train'?", self._error("trian.epochs = 3"))
+
+    def test_no_hint_without_a_close_name(self):
+        self.assertNotIn("Did you mean", self._error("train.zzzzzz = 3"))

@@ -44,7 +44,8 @@ class TrainTest(tf.test.TestCase):
         self.assertEqual(float(match["delta"]), 1e-5)
         self.assertIn("DP plan: method=bk", result.stdout)
         self.assertRegex(result.stdout, r"epoch +\d.* test_acc=.* epsilon=")
-        for name in ("config.gin", "operative_config.gin", "summary.json", "report.html"):
+        for name in ("config.gin", "operative_config.gin", "summary.json", "report.html",
+                     "clipping_plan.txt"):
             self.assertTrue(os.path.isfile(os.path.join(workdir, name)), name)
         self.assertTrue(tf.io.gfile.glob(os.path.join(workdir, "tensorboard", "events.*")))
         ckpt_dir = os.path.join(workdir, "checkpoints")

@@ -48,6 +48,41 @@ def test_configuration_error_leaves_no_workdir(tmp_path):
     assert not workdir.exists()
 
 
+def test_misspelt_binding_and_missing_file_fail_before_tensorflow_is_imported(tmp_path):
+    # `-X importtime` lists every module imported; tensorflow must not be one.
+    for args, expected in (
+            (["--gin_param=train.epoch = 3"],
+             "error: Bad gin configuration in --gin_param: Configurable 'train' doesn't have a "
+             "parameter named 'epoch'. Did you mean 'train.epochs'?"),
+            (["--gin_file=no_such_file.gin"], "error: Gin file not found")):
+        result = subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", "tfdp.train", *args,
+             f"--workdir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2
+        lines = result.stderr.strip().splitlines()
+        assert lines[-1].startswith(expected), lines[-1]
+        assert not any(line.rstrip().endswith("| tensorflow") for line in lines)
+    assert not (tmp_path / "run").exists()
+
+
+def test_precheck_reads_includes_and_finds_train_typos_in_files(tmp_path):
+    from tfdp import config
+
+    parameters = ["epochs", "dataset"]
+    good = tmp_path / "good.gin"
+    good.write_text("train.epochs = 2\n")
+    bad = tmp_path / "bad.gin"
+    bad.write_text(f"include '{good}'\ntrain.datset = 'digits'\n")
+    config.precheck([str(good)], ["train.dataset = 'digits'"], parameters)
+    with pytest.raises(ValueError, match=r"bad\.gin: .*'datset'\. Did you mean 'train\.dataset'"):
+        config.precheck([str(bad)], [], parameters)
+    with pytest.raises(ValueError, match="Gin file not found.*'missing_include.gin'"):
+        config.precheck([], ["include 'missing_include.gin'"], parameters)
+    bad.write_text("include 'missing_include.gin'\n")
+    with pytest.raises(ValueError, match="Gin include not found in .*bad.gin"):
+        config.precheck([str(bad)], [], parameters)
+
+
 @pytest.mark.slow
 def test_ctrl_c_prints_one_line_on_resuming(tmp_path):
     workdir = tmp_path / "run"

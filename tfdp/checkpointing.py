@@ -103,15 +103,20 @@ class RunCheckpoint:
     def latest(self):
         return self.manager.latest_checkpoint
 
-    def restore(self):
-        """Restores the latest checkpoint; returns its ledger dict or None.
+    def restore(self, path=None):
+        """Restores a checkpoint; returns its ledger dict or None.
 
         The key is not restored here: the step was built with it already
         (see `read_latest`).
+
+        Args:
+            path: str or None. The checkpoint, e.g. the one `read_latest`
+                checked. Defaults to None: the latest.
         """
-        if not self.latest:
+        path = path or self.latest
+        if not path:
             return None
-        self.checkpoint.restore(self.latest).expect_partial()
+        self.checkpoint.restore(path).expect_partial()
         text = self.ledger_json.numpy().decode()
         record = json.loads(text) if text else None
         return None if record == NON_PRIVATE_RECORD else record

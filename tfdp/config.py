@@ -14,12 +14,13 @@ tfdp's gin directory is `gin/` of the checkout that holds the `tfdp`
 package (an editable install, `pip install -e .`, keeps it there).
 """
 
+import difflib
+import inspect
 import os
 import pathlib
 import re
 
 import gin
-import keras
 
 GIN_DIR = pathlib.Path(__file__).resolve().parent.parent / "gin"
 # An include is a line of its own: `include 'path/to/file.gin'`.
@@ -32,6 +33,8 @@ def register_configurables():
     global _registered
     if _registered:
         return
+    import keras
+
     import tfdp.data  # noqa: F401
     import tfdp.models  # noqa: F401
     import tfdp.optim  # noqa: F401
@@ -90,8 +93,46 @@ def resolve_include(path, including_file):
     )
 
 
+_UNKNOWN_PARAMETER = re.compile(
+    r"Configurable '(?P<configurable>[^']+)' doesn't have a parameter named '(?P<name>[^']+)'")
+_UNKNOWN_CONFIGURABLE = re.compile(r"No configurable matching '(?P<name>[^']+)'")
+_GIN_NAME = re.compile(r"^\s*(?P<configurable>[A-Za-z_][\w.]*)\.\w+\s*=|@(?P<reference>[\w.]+)",
+                       re.M)
+
+
+def known_configurable_names():
+    """The configurables that tfdp's gin files bind or reference, e.g. `train`."""
+    names = set()
+    for path in GIN_DIR.rglob("*.gin"):
+        for match in _GIN_NAME.finditer(path.read_text()):
+            names.add(match["configurable"] or match["reference"])
+    return sorted(names)
+
+
+def closest_name_hint(message):
+    """"Did you mean 'train.epochs'?" for gin's unknown-name errors; else ""."""
+    match = _UNKNOWN_PARAMETER.search(message)
+    if match:
+        try:
+            configurable = gin.config.get_configurable(match["configurable"])
+            parameters = inspect.signature(inspect.unwrap(configurable)).parameters
+        except (KeyError, ValueError, TypeError):
+            return ""
+        close = difflib.get_close_matches(match["name"], list(parameters), n=1)
+        return f"Did you mean '{match['configurable']}.{close[0]}'?" if close else ""
+    match = _UNKNOWN_CONFIGURABLE.search(message)
+    if match:
+        close = difflib.get_close_matches(match["name"], known_configurable_names(), n=1)
+        return f"Did you mean '{close[0]}'?" if close else ""
+    return ""
+
+
 def _bad_configuration(error, where):
     message = " ".join(str(error).split())
+    hint = closest_name_hint(message)
+    if hint:  # After gin's first sentence, before the line it quotes.
+        first, dot, rest = message.partition(". ")
+        message = f"{first}. {hint} {rest}" if dot else f"{message} {hint}"
     return ValueError(f"Bad gin configuration in {where}: {message}")
 
 
@@ -128,6 +169,57 @@ def _parse_file(path, stack=()):
         _parse_file(resolve_include(match["path"], path), stack + (path,))
         start = number + 1
     parse_lines(len(lines))
+
+
+_TRAIN_BINDING = re.compile(r"^\s*train\.(?P<name>\w+)\s*=", re.M)
+
+
+def _precheck_file(path, stack, names):
+    path = pathlib.Path(path).resolve()
+    if str(path) in stack:
+        raise ValueError(f"Gin files include each other in a cycle. Received: "
+                         f"{' -> '.join(stack + (str(path),))}")
+    text = path.read_text()
+    for match in _TRAIN_BINDING.finditer(text):
+        names.append((match["name"], str(path)))
+    for line in text.splitlines():
+        include = _INCLUDE.match(line)
+        if include is not None:
+            _precheck_file(resolve_include(include["path"], str(path)), stack + (str(path),),
+                           names)
+
+
+def precheck(gin_files, gin_params, train_parameters):
+    """The configuration errors found without importing TensorFlow.
+
+    A missing gin file or include, an include cycle and a misspelt
+    `train.*` binding are reported in a second instead of after
+    TensorFlow's import; `parse` checks everything else.
+
+    Args:
+        gin_files: list of str. As for `parse`.
+        gin_params: list of str. As for `parse`.
+        train_parameters: iterable of str. The parameters `train` takes.
+
+    Raises:
+        ValueError: one line naming the bad file or binding.
+    """
+    names = []
+    for path in gin_files:
+        _precheck_file(resolve_gin_file(path), (), names)
+    for binding in gin_params:
+        include = _INCLUDE.match(binding)
+        if include is not None:
+            _precheck_file(resolve_gin_file(include["path"]), (), names)
+        names.extend((match["name"], "--gin_param")
+                     for match in _TRAIN_BINDING.finditer(binding))
+    train_parameters = list(train_parameters)
+    for name, where in names:
+        if name not in train_parameters:
+            close = difflib.get_close_matches(name, train_parameters, n=1)
+            hint = f" Did you mean 'train.{close[0]}'?" if close else ""
+            raise ValueError(f"Bad gin configuration in {where}: Configurable 'train' doesn't "
+                             f"have a parameter named '{name}'.{hint} Received: train.{name}")
 
 
 def parse(gin_files, gin_params):

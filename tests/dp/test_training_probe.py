@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from tests.dp import dp_test_case
-from tfdp import train
+from tfdp.training import guards
 from tfdp.dp import model_probe
 from tfdp.dp import sensitivity
 
@@ -68,15 +68,15 @@ class TrainingProbeTest(dp_test_case.DPTestCase):
 
     def test_layer_mixing_from_four_rows_refused_by_the_trainer_probe(self):
         with self.assertRaisesRegex(ValueError, "Layer 'mixes_from_4' mixes examples"):
-            train._check_sensitivity(mixing_model(4), INFO, 4, **CLIP)
+            guards.check_sensitivity(mixing_model(4), INFO, 4, **CLIP)
 
     def test_probe_runs_at_the_physical_batch_size(self):
         # Mixing from 16 rows on: found at a physical batch of 16, not at 8.
         model = mixing_model(16)
-        figure = train._check_sensitivity(model, INFO, 8, **CLIP)
+        figure = guards.check_sensitivity(model, INFO, 8, **CLIP)
         self.assertLessEqual(figure, 1.0 + sensitivity.TOLERANCE)
         with self.assertRaisesRegex(ValueError, "Layer 'mixes_from_16' mixes examples"):
-            train._check_sensitivity(model, INFO, 16, **CLIP)
+            guards.check_sensitivity(model, INFO, 16, **CLIP)
 
     def test_batch_mean_loss_refused_naming_it(self):
         model = plain_model()

@@ -45,3 +45,47 @@ def out_of_memory_as_error(logical_steps, physical_batch_size, logical_batch_siz
             "train.physical_batch_size: virtual steps keep the logical batch "
             f"({logical_batch_size}) and so the privacy guarantee unchanged."
         ) from None
+
+
+def check_sensitivity(model, info, examples, *, l2_norm_clip, method, weight_decay,
+                      augmentation_multiplicity):
+    """The training probe (`tfdp.dp.sensitivity.probe_training`), logged; its figure.
+
+    On a batch of `examples` distinct random images (no training data), with
+    the loss of training: refuses a layer or the loss when they mix
+    examples, or when one example (one group of `augmentation_multiplicity`
+    rows: a user under `privacy_unit="user"`) moves the clipped sum by more
+    than C·(1 + 1e-4).
+
+    Args:
+        model: keras.Model.
+        info: `tfdp.data.DatasetInfo` (or anything with `image_shape` and
+            `num_classes`).
+        examples: int. Examples (groups) of the probe's batch: each
+            replica's batch in training.
+        l2_norm_clip: float. C, the mechanism's.
+        method: str. The clipping method (`tfdp.dp.resolve_method`).
+        weight_decay: float. In-loss L2.
+        augmentation_multiplicity: int. Rows per group.
+    """
+    import time
+
+    from tfdp import dp
+    from tfdp.dp import sensitivity
+    from tfdp.training import evaluation
+    from tfdp.training import reporting
+
+    start = time.time()
+    k = int(augmentation_multiplicity)
+    batch = sensitivity.synthetic_batch(
+        model, examples, info.image_shape, "float32", num_classes=info.num_classes,
+        augmentation_multiplicity=k)
+    resolved = dp.resolve_method(model, method, batch[0])
+    figure = sensitivity.probe_training(
+        model, evaluation.per_example_loss, batch, l2_norm_clip, resolved,
+        weight_decay=weight_decay, augmentation_multiplicity=k)
+    reporting.log(
+        f"sensitivity probe: largest leave-one-out contribution {figure:.6f}·C "
+        f"(method={resolved}, physical batch of {int(batch[0].shape[0]) // k}, "
+        f"{sensitivity.LEAVE_OUT} left out; {time.time() - start:.1f}s)")
+    return figure

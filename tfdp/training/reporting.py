@@ -15,6 +15,7 @@ of a separate test set, and labelled wherever they appear:
 import json
 import math
 import os
+import sys
 import time
 
 import tensorflow as tf
@@ -23,9 +24,45 @@ NOT_COVERED = "not covered by epsilon"
 NON_DP_TAG_PREFIX = "non_dp/"
 
 
+# Whether the terminal's last line is the progress bar (`RunReporter.tick`),
+# which the next line then overwrites.
+_bar_shown = False
+
+
 def log(message):
     """One console line, flushed (progress must show under pipes)."""
+    global _bar_shown
+    if _bar_shown:
+        sys.stdout.write("\r\033[K")
+        _bar_shown = False
     print(message, flush=True)
+
+
+def duration(seconds):
+    """`seconds` for a person: s, min or h."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def guarantee_statement(ledger, key):
+    """The summary's one-line statement of what the printed epsilon means.
+
+    Args:
+        ledger: `tfdp.privacy.PrivacyLedger` or None (non-private).
+        key: `SecretKey` of the noise and the batches.
+    """
+    if ledger is None:
+        return "none: non-private training"
+    if not key.is_secret:
+        return (f"DOES NOT HOLD against anyone who knows insecure_reproducible_seed="
+                f"{key.insecure_seed}: the noise and sampling were derived from it")
+    return (f"(epsilon, delta)-DP under {ledger.adjacency} adjacency "
+            f"({ledger.adjacency_description}) against an adversary who knows the code, "
+            "the configuration and every output, but not the training data nor the secret "
+            "key, which is stored only in checkpoints/")
 
 
 def held_out_warning(held_out):
@@ -78,6 +115,26 @@ def data_lines(notes, *, n, validation_size, test_size, info, class_counts,
         log(f"data: WARNING: {warning}")
 
 
+def finished_summary(out_dir, start_step, budget_steps, workdir):
+    """A finished run's `summary.json`, announced, when the workdir holds one; else None.
+
+    A rerun of a finished command then says so at once, instead of
+    evaluating and exporting the same model again.
+    """
+    path = os.path.join(out_dir, "summary.json")
+    if not (start_step and start_step >= budget_steps and os.path.exists(path)):
+        return None
+    with open(path) as f:
+        summary = json.load(f)
+    delta = summary.get("delta")
+    log(f"finished: {workdir} already holds this run's {start_step} steps "
+        f"(test_accuracy={summary.get('test_accuracy', math.nan):.4f} "
+        f"epsilon={summary.get('epsilon', math.nan):.4f} "
+        f"delta={'none' if delta is None else format(delta, 'g')}; {path}). "
+        "To train again, pass another --workdir.")
+    return summary
+
+
 class RunReporter:
     """Console lines, TensorBoard scalars and `summary.json` of one run.
 
@@ -85,7 +142,7 @@ class RunReporter:
         out_dir: str. Where `tensorboard/` and `summary.json` go.
         steps_per_epoch: float. For the epoch shown in each line.
         total_steps: int. For the "step s/T" shown in each line.
-        delta: float. Shown beside ε.
+        delta: float or None (non-private). Shown beside ε.
         ledger: `PrivacyLedger` or None. Names the neighbouring relation
             beside every ε (and the replace-one ε, where the sampler reports
             one). Defaults to None (no privacy line: non-private runs).
@@ -98,11 +155,24 @@ class RunReporter:
             unprotected. Defaults to None (none held out).
         duplicates_dropped: dict or None. Exact duplicates dropped, per
             split; in `summary.json` under `not_covered_by_epsilon`.
+        data_preparation: dict or None. What was read: the examples of each
+            split and the image files dropped as undecodable when the data
+            was loaded (`summary.json`'s `data_preparation`). Defaults to
+            None.
+        start_step: int. The step training starts from (a resumed run's),
+            for the ETA. Defaults to 0.
+        progress_bar: bool or None. Redraw a progress bar with an ETA after
+            every step. Defaults to None: on a terminal only (a log gets
+            the periodic lines alone).
     """
 
     def __init__(self, out_dir, *, steps_per_epoch, total_steps, delta, ledger=None,
-                 report_non_dp_statistics=True, held_out=None, duplicates_dropped=None):
+                 report_non_dp_statistics=True, held_out=None, duplicates_dropped=None,
+                 data_preparation=None, start_step=0, progress_bar=None):
         self.out_dir = out_dir
+        self.data_preparation = dict(data_preparation or {})
+        self.start_step = start_step
+        self.progress_bar = sys.stdout.isatty() if progress_bar is None else progress_bar
         self.steps_per_epoch = steps_per_epoch
         self.total_steps = total_steps
         self.delta = delta
@@ -122,10 +192,34 @@ class RunReporter:
                 if math.isfinite(value):
                     tf.summary.scalar(f"{NON_DP_TAG_PREFIX}{name}", value)
 
+    def eta(self, step):
+        """The time left, from the pace since `start_step`; None before the first step."""
+        done = step - self.start_step
+        if done <= 0:
+            return None
+        return (time.time() - self.t_start) / done * max(self.total_steps - step, 0)
+
+    def tick(self, step):
+        """Redraws the terminal's progress bar after `step` (no-op off a terminal)."""
+        global _bar_shown
+        if not self.progress_bar:
+            return
+        width = 30
+        filled = int(width * step / max(self.total_steps, 1))
+        eta = self.eta(step)
+        sys.stdout.write(
+            f"\r  [{'#' * filled}{'.' * (width - filled)}] step {step}/{self.total_steps}"
+            + ("" if eta is None else f"  ETA {duration(eta)}") + "\033[K")
+        sys.stdout.flush()
+        _bar_shown = True
+
     def progress(self, step, *, learning_rate, examples_per_second, stats):
         """The periodic progress line; `stats` is `PrivateTrainStep.pop_stats()`."""
-        line = (f"  step {step}/{self.total_steps} lr={learning_rate:.4g} "
-                f"{examples_per_second:.0f} ex/s")
+        eta = self.eta(step)
+        line = (f"  step {step}/{self.total_steps} "
+                f"({step / max(self.total_steps, 1):.0%}"
+                + ("" if eta is None else f", ETA {duration(eta)}") + ") "
+                f"lr={learning_rate:.4g} {examples_per_second:.0f} ex/s")
         with self.writer.as_default(step=step):
             tf.summary.scalar("learning_rate", learning_rate)
         if self.report_non_dp_statistics:
@@ -161,7 +255,7 @@ class RunReporter:
                 tf.summary.scalar("test/skipped_undecodable", skipped_test)
             if math.isfinite(epsilon):
                 tf.summary.scalar("privacy/epsilon", epsilon)
-        privacy = f"epsilon={epsilon:.3f} (delta={self.delta})"
+        privacy = f"epsilon={epsilon:.3f} (non-private)"
         if self.ledger is not None:
             privacy = self._write_relation(step, epsilon)
         line = (
@@ -250,6 +344,8 @@ class RunReporter:
         summary.update(privacy_unit or {})
         if self.test_held_out:
             del summary["test_accuracy"]  # Under not_covered_by_epsilon.
+        if self.data_preparation:
+            summary["data_preparation"] = dict(self.data_preparation)
         if self.held_out:
             summary["held_out_not_protected"] = dict(self.held_out)
         if self.non_dp_metrics:
@@ -272,6 +368,6 @@ class RunReporter:
             log(f"final: {test.strip()} (N={self.held_out['test']}, held out from training, "
                 f"{NOT_COVERED})")
             test = ""
-        log(f"final: {prefix}{test}epsilon={epsilon:.4f} "
-            f"delta={delta:g} steps={steps}")
+        privacy = "(non-private)" if delta is None else f"delta={delta:g}"
+        log(f"final: {prefix}{test}epsilon={epsilon:.4f} {privacy} steps={steps}")
         return summary

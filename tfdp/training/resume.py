@@ -1,9 +1,15 @@
-"""Resuming a run: the checkpoint's privacy record and key, checked first."""
+"""Resuming a run: the checkpoint's privacy record and key, checked first; then the state."""
+
+import dataclasses
+import os
 
 import tensorflow as tf
 
 from tfdp import checkpointing
+from tfdp import distribute
+from tfdp import privacy
 from tfdp.secret_key import SecretKey
+from tfdp.training import reporting
 
 
 def fresh_start_hint(workdir):
@@ -12,11 +18,31 @@ def fresh_start_hint(workdir):
             f"{workdir.rstrip('/')}/checkpoints.")
 
 
-def check_resume(previous, mechanism, workdir):
+@dataclasses.dataclass(frozen=True)
+class ResumePoint:
+    """The latest checkpoint of a workdir, as `checkpointing.read_latest` reads it.
+
+    Args:
+        path: str. The checkpoint.
+        record: dict. Its privacy ledger (`checkpointing.NON_PRIVATE_RECORD`
+            for a non-private run, `{}` when it holds none).
+        key: `SecretKey` or None. Its key of the noise and the batches.
+    """
+
+    path: str
+    record: dict
+    key: object
+
+    @property
+    def private(self):
+        return self.record != checkpointing.NON_PRIVATE_RECORD
+
+
+def check_resume(resume_point, mechanism, workdir):
     """Refuses a checkpoint written under another privacy configuration.
 
     Args:
-        previous: `checkpointing.read_latest` output (not None).
+        resume_point: `ResumePoint`.
         mechanism: this run's `tfdp.DPSGD` (with the key it asks for: a fresh
             secret one or an insecure seed's), or None for a non-private run.
         workdir: str. For the message.
@@ -24,26 +50,35 @@ def check_resume(previous, mechanism, workdir):
     Raises:
         ValueError: one line naming the difference and the fix.
     """
-    path, record, saved_key = previous
-    saved_private = record != checkpointing.NON_PRIVATE_RECORD
+    path, record = resume_point.path, resume_point.record
     fix = fresh_start_hint(workdir)
-    if mechanism is None and saved_private:
+    if mechanism is None and resume_point.private:
         raise ValueError(
             f"The checkpoint {path} was written by a private run, and this run is "
             f"non-private: it would continue a model whose epsilon it cannot report. {fix}"
         )
     if mechanism is None:
         return
-    if not saved_private or not record:
+    if not resume_point.private or not record:
         raise ValueError(
             f"The checkpoint {path} was written by a non-private run (no privacy "
             "ledger): continuing it privately would report an epsilon for a model that "
             f"was not trained privately. {fix}"
         )
     try:
-        mechanism.check_checkpoint(record, saved_key, path)
+        mechanism.check_checkpoint(record, resume_point.key, path)
     except ValueError as e:
         raise ValueError(f"{e} {fix}") from None
+
+
+def read_resume_point(workdir, mechanism):
+    """The workdir's latest `ResumePoint`, checked against `mechanism`; None if none."""
+    latest = checkpointing.read_latest(os.path.join(workdir, "checkpoints"))
+    if latest is None:
+        return None
+    resume_point = ResumePoint(*latest)
+    check_resume(resume_point, mechanism, workdir)
+    return resume_point
 
 
 def agreed_key(strategy, key):
@@ -55,3 +90,50 @@ def agreed_key(strategy, key):
     with strategy.scope():
         agreed = tf.Variable(key.words, dtype=tf.int64, trainable=False)
     return SecretKey(agreed.numpy(), insecure_seed=key.insecure_seed)
+
+
+@dataclasses.dataclass
+class RunState:
+    """Where training starts: the checkpoint it saves into, the step and the ledger.
+
+    Args:
+        checkpoint: `checkpointing.RunCheckpoint` this process saves into.
+        start_step: int. Logical steps already taken.
+        ledger: `tfdp.privacy.PrivacyLedger` or None (non-private).
+    """
+
+    checkpoint: object
+    start_step: int
+    ledger: object
+
+
+def restore_run(workdir, strategy, model, optimizer, ema, plan):
+    """The `RunState`: restored from `plan.resume_point`, or fresh.
+
+    The privacy record comes from the resume point, which was checked against
+    the contract before the train step was built; the checkpoint's weights,
+    optimizer and EMA are restored here, from the same checkpoint.
+    """
+    directory = os.path.join(workdir, "checkpoints")
+    ckpt = checkpointing.RunCheckpoint(directory, model, optimizer, ema=ema,
+                                       secret_key=plan.key)
+    if plan.resume_point is not None:
+        ckpt.restore(plan.resume_point.path)
+    if not distribute.is_chief(strategy):
+        # Every worker restores from the chief's checkpoints; only the chief
+        # writes them and the ledger. The others join each save into a scratch dir.
+        ckpt = checkpointing.RunCheckpoint(
+            distribute.checkpoint_dir(strategy, directory), model, optimizer, ema=ema,
+            secret_key=plan.key)
+    start_step = int(optimizer.iterations.numpy())
+    ledger = plan.ledger
+    if plan.resume_point is not None and ledger is not None:
+        ledger = privacy.PrivacyLedger.from_dict(plan.resume_point.record)
+        if ledger.steps != start_step:
+            raise ValueError(
+                f"Ledger steps ({ledger.steps}) != optimizer steps ({start_step}) in "
+                f"{plan.resume_point.path}; refusing to resume with an inconsistent privacy "
+                "count.")
+    if start_step:
+        reporting.log(f"resumed from {plan.resume_point.path} at step {start_step}")
+    return RunState(checkpoint=ckpt, start_step=start_step, ledger=ledger)

@@ -1,0 +1,153 @@
+"""The trainer's stages: one contract per run, the resume point, the progress output."""
+
+import contextlib
+import io
+import os
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from tfdp import checkpointing
+from tfdp import data
+from tfdp import privacy
+from tfdp import secret_key
+from tfdp.training import reporting
+from tfdp.training import run_plan
+
+N = 1000
+
+
+def _mechanism_fn(noise_multiplier=1.1, delta=None):
+    def make(steps, key):
+        return run_plan.make_mechanism(
+            sampler, steps=steps, key=key, l2_norm_clip=0.7, noise_multiplier=noise_multiplier,
+            target_epsilon=None, delta=delta, accountant="rdp")
+    return make
+
+
+sampler = data.train_sampler(N, sampler="poisson", physical_batch_size=64,
+                             logical_batch_size=50)
+
+
+class RunPlanTest(tf.test.TestCase):
+
+    def _plan(self, workdir, mechanism_fn, seed=None):
+        key = (secret_key.SecretKey.insecure_from_seed(seed) if seed is not None
+               else secret_key.SecretKey.generate())
+        return run_plan.make_run_plan(sampler, epochs=1.0, key=key, workdir=workdir,
+                                      read_checkpoint=True, mechanism_fn=mechanism_fn)
+
+    def test_the_plan_reads_everything_from_its_mechanism(self):
+        plan = self._plan(self.create_tempdir().full_path, _mechanism_fn())
+        mechanism = plan.mechanism
+        self.assertIs(plan.key, mechanism.secret_key)
+        self.assertIs(plan.sampler, mechanism.sampler)
+        self.assertEqual(plan.delta, mechanism.delta)
+        self.assertAllEqual(plan.sampling_key, mechanism.sampling_key)
+        self.assertEqual(mechanism.l2_norm_clip, 0.7)
+        self.assertEqual(plan.total_steps, sampler.steps_for_epochs(1.0))
+        self.assertEqual(plan.ledger.noise_multiplier, mechanism.noise_multiplier)
+        # delta=None is the default of every route.
+        self.assertEqual(mechanism.delta, privacy.default_delta(N))
+
+    def test_a_non_private_plan_has_a_key_and_no_contract(self):
+        plan = self._plan(self.create_tempdir().full_path, None)
+        self.assertIsNone(plan.mechanism)
+        self.assertIsNone(plan.ledger)
+        self.assertIsNone(plan.delta)
+        self.assertTrue(plan.key.is_secret)
+        self.assertEqual(plan.budget_steps, plan.total_steps)
+
+    def _checkpoint(self, workdir, plan):
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        optimizer = keras.optimizers.SGD()
+        optimizer.build(model.trainable_variables)
+        ckpt = checkpointing.RunCheckpoint(os.path.join(workdir, "checkpoints"), model,
+                                           optimizer, secret_key=plan.key)
+        ckpt.save(0, plan.ledger)
+
+    def test_a_resumed_plan_continues_the_checkpoints_key(self):
+        workdir = self.create_tempdir().full_path
+        first = self._plan(workdir, _mechanism_fn())
+        self._checkpoint(workdir, first)
+        resumed = self._plan(workdir, _mechanism_fn())
+        self.assertIsNotNone(resumed.resume_point)
+        self.assertEqual(resumed.key.words.tolist(), first.key.words.tolist())
+        self.assertIs(resumed.key, resumed.mechanism.secret_key)
+
+    def test_a_checkpoint_of_another_contract_is_refused(self):
+        workdir = self.create_tempdir().full_path
+        self._checkpoint(workdir, self._plan(workdir, _mechanism_fn()))
+        with self.assertRaisesRegex(ValueError, "another privacy configuration.*noise_multiplier"):
+            self._plan(workdir, _mechanism_fn(noise_multiplier=2.0))
+        with self.assertRaisesRegex(ValueError, "written by a private run"):
+            self._plan(workdir, None)
+
+    def test_batching_refuses_a_logical_batch_above_n(self):
+        with self.assertRaisesRegex(ValueError, "must not exceed the dataset size"):
+            run_plan.make_batching(40, sampler="poisson", privacy_unit="example", group_size=1,
+                                   logical_batch_size=50, physical_batch_size=64,
+                                   pad_granule="auto", replicas=1)
+
+    def test_user_batching_counts_users(self):
+        rng = np.random.default_rng(0)
+        source = data.ArraySource(rng.normal(size=(60, 2, 2, 1)).astype("float32"),
+                                  np.zeros(60, np.int64), data.DatasetInfo("mock", 2, (2, 2, 1)),
+                                  user_ids=np.repeat(np.arange(20), 3))
+        batching = run_plan.make_batching(
+            source, sampler="poisson", privacy_unit="user", group_size=2, logical_batch_size=5,
+            physical_batch_size=8, pad_granule="auto", replicas=1)
+        self.assertEqual(batching.sampler.dataset_size, 20)
+        self.assertEqual(batching.pad_granule % 2, 0)
+        with self.assertRaisesRegex(ValueError, "multiple of max_examples_per_user"):
+            run_plan.make_batching(
+                source, sampler="poisson", privacy_unit="user", group_size=3,
+                logical_batch_size=5, physical_batch_size=8, pad_granule="auto", replicas=1)
+
+
+class ProgressTest(tf.test.TestCase):
+
+    def _reporter(self, progress_bar):
+        return reporting.RunReporter(self.create_tempdir().full_path, steps_per_epoch=10,
+                                     total_steps=40, delta=1e-5, start_step=10,
+                                     progress_bar=progress_bar)
+
+    def test_eta_from_the_pace_since_the_start_step(self):
+        reporter = self._reporter(False)
+        reporter.t_start -= 30.0  # 10 steps in 30 s: 20 steps left take 60 s.
+        self.assertIsNone(reporter.eta(10))
+        self.assertAllClose(reporter.eta(20), 60.0, atol=1.0)
+        self.assertEqual(reporter.eta(40), 0.0)
+
+    def test_bar_on_a_terminal_and_plain_lines_in_a_log(self):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            self._reporter(False).tick(20)
+        self.assertEqual(out.getvalue(), "")
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            reporter = self._reporter(True)
+            reporter.t_start -= 30.0
+            reporter.tick(20)
+            reporting.log("next line")
+        text = out.getvalue()
+        self.assertRegex(text, r"^\r  \[#{15}\.{15}\] step 20/40  ETA 60 s")
+        # The next line overwrites the bar instead of following it.
+        self.assertIn("\r\033[Knext line\n", text)
+
+    def test_progress_line_shows_the_fraction_and_eta(self):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            reporter = self._reporter(False)
+            reporter.t_start -= 30.0
+            reporter.progress(20, learning_rate=0.1, examples_per_second=5.0,
+                              stats={"mean_grad_norm": 1.0, "clipped_fraction": 0.5,
+                                     "nonfinite": 0.0})
+        self.assertRegex(out.getvalue(), r"^  step 20/40 \(50%, ETA 60 s\) lr=0.1 5 ex/s \| "
+                                         r"not covered by epsilon: grad_norm=1.000")
+
+    def test_duration_units(self):
+        self.assertEqual(reporting.duration(59), "59 s")
+        self.assertEqual(reporting.duration(600), "10 min")
+        self.assertEqual(reporting.duration(3 * 3600), "3.0 h")

@@ -1,0 +1,85 @@
+"""The trainer's model stage: the model, its optimizer and schedule, the train step."""
+
+import os
+
+from tfdp import distribute
+from tfdp import dp
+from tfdp import models
+from tfdp import optim
+from tfdp.training import evaluation
+from tfdp.training import reporting
+
+
+def build_model(strategy, info, model_fn, *, mixed_precision, init_checkpoint,
+                freeze_sub_blocks, dry_run):
+    """`model_fn`'s model in the strategy's scope, initialised and frozen as asked.
+
+    Args:
+        strategy: `tf.distribute.Strategy`.
+        info: `tfdp.data.DatasetInfo`. Classes and input shape.
+        model_fn: callable. `(num_classes=, input_shape=) -> keras.Model`.
+        mixed_precision: bool. Build under Keras' "mixed_bfloat16".
+        init_checkpoint: str or None. A `.keras` model whose weights
+            initialise every layer but the head.
+        freeze_sub_blocks: int. Freeze the first k of
+            `tfdp.models.FREEZABLE_SUB_BLOCKS`.
+        dry_run: bool. A missing `init_checkpoint` is then only reported.
+    """
+    with strategy.scope(), distribute.precision_policy(mixed_precision):
+        model = model_fn(num_classes=info.num_classes, input_shape=tuple(info.image_shape))
+    if init_checkpoint:
+        if dry_run and not os.path.exists(init_checkpoint):
+            reporting.log(
+                f"dry run: init checkpoint {init_checkpoint} not found; a real run loads it")
+        else:
+            models.load_weights_matching(model, init_checkpoint, skip=("head_dense",))
+            reporting.log(f"initialised from {init_checkpoint} (new head)")
+    if freeze_sub_blocks:
+        models.freeze_sub_blocks(model, freeze_sub_blocks)
+        reporting.log(f"froze the first {freeze_sub_blocks} of {models.FREEZABLE_SUB_BLOCKS}")
+    return model
+
+
+def make_schedule(lr_schedule, *, base_lr, logical_batch_size, total_steps, warmup_steps):
+    """The learning rate: "cosine" (warmup then cosine to 0) or "constant".
+
+    The rate is `base_lr` per 256 examples of the logical batch.
+    """
+    if lr_schedule == "cosine":
+        return optim.warmup_cosine_schedule(base_lr, logical_batch_size, total_steps, warmup_steps)
+    if lr_schedule == "constant":
+        return base_lr * logical_batch_size / 256.0
+    raise ValueError(
+        f"lr_schedule must be 'cosine' or 'constant'. Received: lr_schedule={lr_schedule!r}"
+    )
+
+
+def make_train_step(model, optimizer, plan, batching, *, method, weight_decay, seed,
+                    jit_compile, augmentation_multiplicity):
+    """`tfdp.dp.PrivateTrainStep` of `plan.mechanism`, or the non-private step."""
+    if plan.mechanism is not None:
+        return dp.PrivateTrainStep(
+            model, optimizer, evaluation.per_example_loss, mechanism=plan.mechanism,
+            method=method, weight_decay=weight_decay, seed=seed, jit_compile=jit_compile,
+            augmentation_multiplicity=augmentation_multiplicity,
+            group_size=batching.group_size,
+        )
+    return dp.NonPrivateTrainStep(
+        model, optimizer, evaluation.per_example_loss,
+        expected_batch_size=plan.sampler.expected_batch_size,
+        weight_decay=weight_decay, seed=seed, jit_compile=jit_compile,
+    )
+
+
+def make_ema(model, ema_decay):
+    """`tfdp.optim.ParameterEMA` of the trainable variables, or None."""
+    return optim.ParameterEMA(model.trainable_variables, ema_decay) if ema_decay else None
+
+
+def export_model(model, ema, out_dir):
+    """`model.keras` and a SavedModel (with the EMA's parameters, when there is one)."""
+    if ema is not None:
+        ema.copy_to_parameters()
+    model.save(os.path.join(out_dir, "model.keras"))
+    model.export(os.path.join(out_dir, "saved_model"), verbose=False)
+    reporting.log(f"exported {os.path.join(out_dir, 'model.keras')} and {out_dir}/saved_model")

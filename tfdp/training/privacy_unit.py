@@ -1,0 +1,137 @@
+"""What ε protects in a trainer run: one example, or everything one user contributed."""
+
+from tfdp import privacy
+from tfdp import samplers
+from tfdp.data import pipeline
+from tfdp.dp import user_groups
+from tfdp.training import reporting
+
+PRIVACY_UNITS = ("example", "user")
+
+
+def check_privacy_unit(privacy_unit, max_examples_per_user, sampler, private):
+    """k, the rows of one privacy unit (1 per example); a clear error for bad settings.
+
+    Args:
+        privacy_unit: str. "example" or "user".
+        max_examples_per_user: int or None. k, for "user".
+        sampler: str. `train.sampler`.
+        private: bool. `train.private`.
+
+    Raises:
+        ValueError: for an unknown unit, or settings that do not fit it.
+    """
+    if privacy_unit not in PRIVACY_UNITS:
+        raise ValueError(f"privacy_unit must be one of {PRIVACY_UNITS}. "
+                         f"Received: privacy_unit={privacy_unit!r}")
+    if privacy_unit == "example":
+        if max_examples_per_user is not None:
+            raise ValueError(
+                "max_examples_per_user applies to privacy_unit='user' only. Received: "
+                f"privacy_unit='example', max_examples_per_user={max_examples_per_user!r}")
+        return 1
+    if not private:
+        raise ValueError("privacy_unit='user' is for private training. Received: private=False")
+    if sampler != "poisson":
+        raise ValueError(
+            "privacy_unit='user' draws users by Poisson sampling (sampler='poisson'). "
+            f"Received: sampler={sampler!r}")
+    if (isinstance(max_examples_per_user, bool) or not isinstance(max_examples_per_user, int)
+            or max_examples_per_user < 1):
+        raise ValueError(
+            "privacy_unit='user' needs max_examples_per_user, a positive integer: the most "
+            "examples of one user in a step. Received: "
+            f"max_examples_per_user={max_examples_per_user!r}")
+    return max_examples_per_user
+
+
+def user_sampler(train_source, *, users_per_step, physical_batch_size, k, replicas,
+                 pad_granule):
+    """The `UserPoissonSampler` of the training data's users, and its padding granule.
+
+    Args:
+        train_source: The training source; it must carry `user_ids`.
+        users_per_step: int. Expected users per logical step.
+        physical_batch_size: int. Rows per physical batch (global).
+        k: int. `max_examples_per_user`.
+        replicas: int. Replicas in sync: each clips its share of a batch,
+            so a user's block of k rows must not straddle two.
+        pad_granule: int, "auto" or None. As `train.pad_granule`.
+    """
+    if physical_batch_size % (replicas * k):
+        raise ValueError(
+            "Under privacy_unit='user', physical_batch_size must be a multiple of "
+            "max_examples_per_user times the number of replicas. Received: "
+            f"physical_batch_size={physical_batch_size}, max_examples_per_user={k}, "
+            f"replicas={replicas}")
+    user_ids = getattr(train_source, "user_ids", None)
+    if user_ids is None:
+        raise ValueError(
+            "privacy_unit='user' needs the user of every training example: a folder:'s "
+            "users.csv (path,user), a tfrecord: feature named by load_dataset.user_key, an "
+            "npz: file's `user_ids` array, or an ArraySource(user_ids=...). Received: training "
+            f"data without user ids ({type(train_source).__name__})")
+    ids, num_users = user_groups.compact_user_ids(user_ids)
+    if users_per_step > num_users:
+        raise ValueError(
+            "Under privacy_unit='user', logical_batch_size is the expected users per step "
+            "and must not exceed the number of users. Received: "
+            f"logical_batch_size={users_per_step}, users={num_users}")
+    sampler = samplers.make_sampler(
+        "user_poisson", dataset_size=num_users, logical_batch_size=users_per_step,
+        physical_batch_size=physical_batch_size, user_ids=ids, max_examples_per_user=k)
+    if pad_granule == "auto":  # The finest of P/8, P/4, P/2, P holding whole users.
+        pad_granule = next(g for g in (physical_batch_size // d for d in (8, 4, 2, 1))
+                           if physical_batch_size % g == 0 and g % k == 0)
+    elif pad_granule is not None:
+        pad_granule = pipeline.resolve_pad_granule(pad_granule, physical_batch_size)
+    return sampler, pad_granule
+
+
+def example_level_claim(ledger, steps, k):
+    """What example-level accounting with group privacy claims for a user of k examples.
+
+    Example-level DP-SGD with the same σ, steps and sampling rate, accounted
+    at the run's δ, then the group-privacy conversion for k examples
+    (`tfdp.dp.user_groups.group_privacy`: (kε, k·e^{(k−1)ε}·δ)).
+    """
+    example_epsilon = privacy.epsilon(
+        ledger.noise_multiplier, steps, ledger.delta, sampling_rate=ledger.sampling_rate,
+        accountant=ledger.accountant)
+    group_epsilon, group_delta = user_groups.group_privacy(example_epsilon, ledger.delta, k)
+    return {"example_epsilon": example_epsilon, "group_size": k,
+            "group_epsilon": group_epsilon, "group_delta": min(group_delta, 1.0),
+            "how": "example-level DP-SGD at the same sigma, steps and sampling rate, "
+                   "accounted at this delta, converted by group privacy for k examples: "
+                   "(k*eps, k*exp((k-1)*eps)*delta); it holds only for users with at most "
+                   "k examples"}
+
+
+def log_privacy_unit(mechanism, steps):
+    """Under users: N, the users per step, k, and the group-privacy comparison."""
+    sampler = mechanism.sampler
+    if sampler.privacy_unit != "user":
+        return
+    k = sampler.max_examples_per_user
+    ledger = mechanism.ledger()
+    claim = example_level_claim(ledger, steps, k)
+    reporting.log(
+        f"privacy unit: user (N={sampler.dataset_size} users, expected "
+        f"{sampler.logical_batch_size} users per step, at most {k} examples of a user per "
+        f"step); planned {ledger.describe_epsilon(steps=steps)}")
+    delta = (f"delta={claim['group_delta']:.3g}" if claim["group_delta"] < 1
+             else "delta>=1 (no guarantee)")
+    reporting.log(
+        f"for comparison, example-level accounting with group privacy for {k} examples "
+        f"would claim epsilon={claim['group_epsilon']:.4g} at {delta} ({claim['how']})")
+
+
+def privacy_unit_summary(ledger, steps, k):
+    """`summary.json`'s privacy unit, with the group-privacy comparison for users."""
+    if ledger is None:
+        return None
+    unit = {"privacy_unit": ledger.privacy_unit}
+    if ledger.privacy_unit == "user":
+        unit["max_examples_per_user"] = k
+        unit["example_level_group_privacy"] = example_level_claim(ledger, steps, k)
+    return unit

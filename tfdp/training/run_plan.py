@@ -1,0 +1,203 @@
+"""`RunPlan`: a run's sampler, steps, key and `tfdp.DPSGD`, fixed before training."""
+
+import dataclasses
+
+from tfdp import mechanism as mechanism_lib
+from tfdp import privacy
+from tfdp import secret_key as secret_key_lib
+from tfdp.data import pipeline
+from tfdp.training import privacy_unit as privacy_unit_lib
+from tfdp.training import reporting
+from tfdp.training import resume
+
+
+@dataclasses.dataclass(frozen=True)
+class Batching:
+    """How a run batches its examples.
+
+    Args:
+        sampler: `tfdp.samplers.Sampler` of this host's batches.
+        physical_batch_size: int. Rows per physical batch (global).
+        replica_batch_size: int. Rows each replica's model call sees: the
+            batch the sensitivity probe runs at.
+        pad_granule: int or None. `tfdp.data.make_train_pipeline`'s.
+        group_size: int. Rows of one privacy unit: k for users, else 1.
+    """
+
+    sampler: object
+    physical_batch_size: int
+    replica_batch_size: int
+    pad_granule: object
+    group_size: int
+
+
+def make_batching(train_source, *, sampler, privacy_unit, group_size, logical_batch_size,
+                  physical_batch_size, pad_granule, replicas):
+    """The run's `Batching`: examples by `sampler`, or users under `privacy_unit="user"`."""
+    if privacy_unit == "user":
+        sampler, pad_granule = privacy_unit_lib.user_sampler(
+            train_source, users_per_step=logical_batch_size,
+            physical_batch_size=physical_batch_size, k=group_size, replicas=replicas,
+            pad_granule=pad_granule)
+    sampler = pipeline.train_sampler(
+        train_source, sampler=sampler, physical_batch_size=physical_batch_size,
+        logical_batch_size=logical_batch_size)
+    return Batching(
+        sampler=sampler, physical_batch_size=physical_batch_size,
+        replica_batch_size=physical_batch_size // replicas,
+        # With several replicas the physical batches stay whole.
+        pad_granule=pad_granule if replicas == 1 else None, group_size=group_size)
+
+
+def make_mechanism(sampler, *, steps, key, l2_norm_clip, noise_multiplier, target_epsilon,
+                   delta, accountant):
+    """The run's `tfdp.DPSGD`; δ=None is `tfdp.privacy.default_delta(N)`."""
+    if delta is None:
+        delta = privacy.default_delta(sampler.dataset_size)
+    mechanism = mechanism_lib.DPSGD(
+        l2_norm_clip, noise_multiplier, sampler=sampler, target_epsilon=target_epsilon,
+        delta=delta, accountant=accountant, steps=steps, secret_key=key)
+    if mechanism.calibrated:
+        reporting.log(
+            f"calibrated noise_multiplier={mechanism.noise_multiplier:.4f} for "
+            f"epsilon={target_epsilon} at delta={mechanism.delta} over {steps} steps")
+    return mechanism
+
+
+def requested_key(strategy, insecure_reproducible_seed):
+    """A fresh secret key (or an insecure seed's, loudly), the same on every worker."""
+    if insecure_reproducible_seed is None:
+        key = secret_key_lib.SecretKey.generate()
+    else:
+        key = secret_key_lib.SecretKey.insecure_from_seed(insecure_reproducible_seed)
+        reporting.log("WARNING: " + secret_key_lib.INSECURE_WARNING.format(
+            seed=insecure_reproducible_seed))
+    return resume.agreed_key(strategy, key)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """The privacy contract of one run, and what it allows.
+
+    Private runs read C, σ, δ, the sampler and the key from `mechanism`
+    alone; non-private runs have no mechanism, and draw their batches from
+    `key` all the same.
+
+    Args:
+        sampler: `tfdp.samplers.Sampler`.
+        total_steps: int. Logical steps planned for `train.epochs`.
+        mechanism: `tfdp.DPSGD` or None (non-private).
+        resume_point: `resume.ResumePoint` or None: the checkpoint to
+            continue, already checked against this contract.
+        non_private_key: `SecretKey` of a non-private run's batches.
+        ledger: `tfdp.privacy.PrivacyLedger` at step 0, or None
+            (non-private). Made with the plan, so that its warnings (e.g.
+            δ ≥ 1/N) come before anything is built.
+    """
+
+    sampler: object
+    total_steps: int
+    mechanism: object
+    resume_point: object = None
+    non_private_key: object = None
+    ledger: object = None
+
+    @property
+    def key(self):
+        """The key of the noise and the batches (the mechanism's, when private)."""
+        return self.mechanism.secret_key if self.mechanism is not None else self.non_private_key
+
+    @property
+    def sampling_key(self):
+        return self.key.derive("sampling")
+
+    @property
+    def budget_steps(self):
+        """The steps that fit the target ε (all of them without one)."""
+        if self.mechanism is None:
+            return self.total_steps
+        return self.mechanism.budget_steps(self.total_steps)
+
+    @property
+    def steps_per_epoch(self):
+        """Whole logical steps per epoch (for evaluation and checkpoints)."""
+        return max(1, int(round(self.sampler.steps_per_epoch)))
+
+    @property
+    def delta(self):
+        return self.mechanism.delta if self.mechanism is not None else None
+
+
+
+def make_run_plan(sampler, *, epochs, key, workdir, read_checkpoint, mechanism_fn):
+    """The `RunPlan`: a resumed run continues its checkpoint's key, once checked.
+
+    Args:
+        sampler: `tfdp.samplers.Sampler`.
+        epochs: float. `train.epochs`.
+        key: `SecretKey`. The key a fresh run asks for (`requested_key`).
+        workdir: str. Where the checkpoints are.
+        read_checkpoint: bool. False (a dry run) ignores any checkpoint.
+        mechanism_fn: `(steps, key) -> tfdp.DPSGD`, or None for a
+            non-private run.
+    """
+    total_steps = sampler.steps_for_epochs(epochs)
+    mechanism = mechanism_fn(total_steps, key) if mechanism_fn is not None else None
+    resume_point = resume.read_resume_point(workdir, mechanism) if read_checkpoint else None
+    if resume_point is not None and resume_point.key is not None:
+        key = resume_point.key  # Continue the checkpoint's noise and batches.
+        mechanism = mechanism.with_secret_key(key) if mechanism is not None else None
+    return RunPlan(sampler=sampler, total_steps=total_steps, mechanism=mechanism,
+                   resume_point=resume_point, non_private_key=None if mechanism else key,
+                   ledger=mechanism.ledger() if mechanism is not None else None)
+
+
+def clipping_plan_headline(clipping_plan, path):
+    """One line of a `tfdp.dp.DPPlan`: the method, the rules, the memory, the table's file."""
+    rules = {}
+    for layer in clipping_plan.layers:
+        rules[layer.rule] = rules.get(layer.rule, 0) + 1
+    counted = ", ".join(f"{count} {rule}" for rule, count in sorted(rules.items()))
+    return (f"DP plan: method={clipping_plan.method}, physical batch={clipping_plan.batch_size}: "
+            f"{len(clipping_plan.layers)} layers ({counted}), estimated clipping memory "
+            f"{clipping_plan.memory_bytes / 2**20:.1f} MiB; per-layer table in {path}")
+
+
+def log_run_plan(model, plan, batching, info, *, dataset, clipping_method, out_dir):
+    """The plan lines: the clipping plan, the data and steps, the privacy contract.
+
+    The per-layer clipping table goes to `<out_dir>/clipping_plan.txt`, and
+    the console gets its one-line headline.
+    """
+    import os
+
+    from tfdp import dp
+
+    sampler, mechanism = plan.sampler, plan.mechanism
+    if mechanism is not None:
+        clipping_plan = dp.plan(model, info.image_shape, batching.physical_batch_size,
+                                clipping_method)
+        path = os.path.join(out_dir, "clipping_plan.txt")
+        with open(path, "w") as f:
+            f.write(str(clipping_plan) + "\n")
+        reporting.log(clipping_plan_headline(clipping_plan, path))
+        reporting.log(clipping_plan.reason())
+    reporting.log(
+        f"dataset={dataset} N={sampler.dataset_size} sampler={sampler.name} "
+        f"q={sampler.sampling_rate:.5f} logical_batch={sampler.logical_batch_size} "
+        f"physical_batch={batching.physical_batch_size} steps={plan.total_steps} "
+        f"({plan.steps_per_epoch}/epoch) params={model.count_params()}"
+    )
+    if mechanism is None:
+        return
+    reporting.log(
+        f"privacy: sigma={mechanism.noise_multiplier:.4f} C={mechanism.l2_norm_clip} "
+        f"delta={mechanism.delta} accountant={mechanism.accountant} sampler={sampler.name} "
+        f"(amplified: {sampler.amplified}); planned "
+        f"{mechanism.ledger().describe_epsilon(steps=plan.total_steps)}"
+    )
+    privacy_unit_lib.log_privacy_unit(mechanism, plan.total_steps)
+    if plan.budget_steps < plan.total_steps:
+        reporting.log(
+            f"privacy budget epsilon={mechanism.target_epsilon} allows {plan.budget_steps} of "
+            f"{plan.total_steps} steps; training will stop there.")
