@@ -82,21 +82,26 @@ class TrainOnYourImagesTest(tf.test.TestCase):
             f"folder:{root}", "--gin_param=train.validation_fraction = 0.2",
             f"--gin_param=train.test_dataset = 'folder:{test_dir}'",
         )
-        # 103 files after the copies are dropped (3 corrupt, in "cat"); a
-        # stratified 0.2 (21) is held out of N.
-        self.assertIn("train examples per class [34, 24, 24], exact duplicates dropped "
+        # 100 files after the 3 corrupt ones (in "cat") and the 2 copies are
+        # dropped; a stratified 0.2 (20) is held out of N.
+        self.assertIn("dropped 3 undecodable image file(s) of 121 (train 3): "
+                      "train/cat/corrupt_0.jpg, train/cat/corrupt_1.jpg, "
+                      "train/cat/corrupt_2.jpg", out)
+        self.assertIn("train examples per class [32, 24, 24], exact duplicates dropped "
                       "train=2, test=1", out)
         self.assertEqual(summary["not_covered_by_epsilon"]["duplicates_dropped_train"], 2)
         self.assertEqual(summary["not_covered_by_epsilon"]["duplicates_dropped_test"], 1)
-        self.assertIn("data: train N=82 validation=21 test=15 classes=3 input=(16, 16, 3)", out)
-        self.assertEqual((summary["dataset_size"], summary["validation_size"]), (82, 21))
-        self._check_epsilon(out, summary, 82)
-        skipped = summary["not_covered_by_epsilon"]["skipped_undecodable_train"]
-        self.assertGreater(skipped, 0)
-        self.assertIn(f"not covered by epsilon): skipped {skipped} undecodable training images", out)
+        self.assertIn("data: train N=80 validation=20 test=15 classes=3 input=(16, 16, 3)", out)
+        self.assertEqual((summary["dataset_size"], summary["validation_size"]), (80, 20))
+        self._check_epsilon(out, summary, 80)
+        # Found once, up front: the training pipeline never meets them.
+        self.assertEqual(summary["data_preparation"]["undecodable_dropped"]["train"], 3)
+        self.assertEqual(summary["data_preparation"]["test_examples"], 15)
+        self.assertEqual(summary["not_covered_by_epsilon"]["skipped_undecodable_train"], 0)
+        self.assertNotIn("undecodable training images so far", out)
         # Validation is reported apart from the test set: console, summary, TensorBoard.
         self.assertRegex(out, r"epoch .* test_acc=.* \| not covered by epsilon: val_acc=[0-9.]+ ")
-        self.assertRegex(out, r"final: validation_accuracy=[0-9.]+ \(N=21, held out")
+        self.assertRegex(out, r"final: validation_accuracy=[0-9.]+ \(N=20, held out")
         self.assertBetween(summary["not_covered_by_epsilon"]["validation_accuracy"], 0.0, 1.0)
         tags = _tensorboard_tags(workdir)
         self.assertContainsSubset({"non_dp/validation_accuracy", "test/accuracy"}, tags)
@@ -105,8 +110,8 @@ class TrainOnYourImagesTest(tf.test.TestCase):
         self.assertRegex(out, r"(?m)^final: test_accuracy=[0-9.]+ epsilon=")
         self.assertBetween(summary["test_accuracy"], 0.0, 1.0)
         self.assertNotIn("test_accuracy", summary["not_covered_by_epsilon"])
-        self.assertEqual(summary["held_out_not_protected"], {"validation": 21})
-        self.assertIn("data: WARNING: the 21 validation examples held out of the training data "
+        self.assertEqual(summary["held_out_not_protected"], {"validation": 20})
+        self.assertIn("data: WARNING: the 20 validation examples held out of the training data "
                       "are NOT protected by epsilon", out)
 
     @pytest.mark.slow
@@ -122,10 +127,11 @@ class TrainOnYourImagesTest(tf.test.TestCase):
             f"--gin_param=load_dataset.cache_dir = '{cache}'",
         )
         self.assertRegex(out, r"random access via .*images\.array_record \(converted\)")
-        self.assertIn("train examples per class [30, 30, 30]", out)
+        self.assertIn("train examples per class [30, 29, 29]", out)
         self.assertIn("test=12 classes=3", out)
-        self._check_epsilon(out, summary, 90)
-        self.assertGreater(summary["not_covered_by_epsilon"]["skipped_undecodable_train"], 0)
+        self._check_epsilon(out, summary, 88)
+        self.assertEqual(summary["data_preparation"]["undecodable_dropped"]["train"], 2)
+        self.assertEqual(summary["not_covered_by_epsilon"]["skipped_undecodable_train"], 0)
         self.assertNotIn("validation_accuracy", summary["not_covered_by_epsilon"])
 
     @pytest.mark.slow

@@ -67,27 +67,30 @@ class FolderTest(tf.test.TestCase):
             self.assertIs(type(splits.train), kind)
             self.assertEqual(splits.info.num_classes, 3)
             self.assertEqual(splits.info.image_shape, (10, 10, 3))
-            # The corrupt file is a training example (of "cat") that will be skipped.
-            self.assertEqual(splits.class_counts(), [31, 25, 20])
+            # The corrupt file (of "cat") is dropped when the folder is loaded.
+            self.assertEqual(splits.class_counts(), [30, 25, 20])
             self.assertEqual(splits.class_counts("test"), [4, 4, 4])
+            self.assertEqual(splits.undecodable_dropped, {"train": 1, "test": 0})
             self.assertIsNone(splits.validation)
             # Gray, RGBA, RGB JPEG and PNG of four sizes all come out 10x10x3.
             ds = data.make_eval_pipeline(splits.train, 16, preprocess_fn=splits.eval_preprocess)
             shapes = {tuple(batch[0].shape[1:]) for batch in ds}
             self.assertEqual(shapes, {(10, 10, 3)})
-            self.assertEqual(ds.decode_stats.value(), 1)
+            self.assertEqual(ds.decode_stats.value(), 0)
 
-    def test_poisson_batches_index_every_example_and_skip_the_corrupt_one(self):
+    def test_poisson_batches_index_every_example_and_never_meet_the_corrupt_one(self):
         for in_memory_max_bytes in (2**30, 0):
+            # Random crops keep the images encoded: `_exact` then reads each id.
             splits = data.load_dataset(
-                f"folder:{self.root}", in_memory_max_bytes=in_memory_max_bytes
+                f"folder:{self.root}", in_memory_max_bytes=in_memory_max_bytes,
+                image_size=12, preprocessing="crop",
             )
+            self.assertTrue(splits.train.encoded)
             splits.eval_preprocess = _exact(12)
             ids, skipped = _poisson_ids(splits)
             # 40 steps at q = 1/2 miss a given example with probability 2^-40.
             self.assertEqual(set(ids), set(range(75)))
-            self.assertGreater(skipped, 5)  # The corrupt file, sampled ~20 times.
-            self.assertLess(skipped, 40)
+            self.assertEqual(skipped, 0)
 
     def test_without_test_folder_a_stratified_split(self):
         root = self.create_tempdir().full_path
@@ -153,18 +156,22 @@ class TFRecordTest(tf.test.TestCase):
         self.assertTrue(os.path.isdir(os.path.join(directory, ".tfdp_cache")))
         for splits in (small, large):
             self.assertEqual(splits.info.num_classes, 3)
-            # No test files: a stratified 0.2 (12 of 60) is the test set.
-            self.assertEqual(splits.class_counts(), [16, 16, 16])
-            self.assertEqual(splits.class_counts("test"), [4, 4, 4])
+            # Example 7 (label 1) does not decode and is dropped; no test files:
+            # a stratified 0.2 of the other 59 is the test set.
+            self.assertEqual(splits.undecodable_dropped, {"train": 1})
+            self.assertEqual(
+                np.add(splits.class_counts(), splits.class_counts("test")).tolist(),
+                [20, 19, 20])
+            self.assertEqual(len(splits.test), 12)
         self.assertAllEqual(small.train.labels, large.train.labels)
         for splits in (small, large):
             splits.eval_preprocess = _exact(12)
             ids, skipped = _poisson_ids(splits)
-            train_ids = set(range(60)) - set(
-                int(i) for i in _ids(data.make_eval_pipeline(splits.test, 4, _exact(12)))
-            )
-            self.assertEqual(set(ids), train_ids - {7} if 7 in train_ids else train_ids)
-            self.assertEqual(skipped > 0, 7 in train_ids)
+            test_ids = set(
+                int(i) for i in _ids(data.make_eval_pipeline(splits.test, 4, _exact(12))))
+            self.assertNotIn(7, test_ids)
+            self.assertEqual(set(ids), set(range(60)) - test_ids - {7})
+            self.assertEqual(skipped, 0)
 
     def test_test_files_beside_train_files_and_cache_reuse(self):
         directory = self._write(np.arange(20) % 2)

@@ -24,6 +24,11 @@ public benchmark data; their test split is fixed by the catalog.
 Every source is random access, so Poisson sampling and its accountant are
 the same for all of them (tfds datasets prepared without array_record are
 the exception: they stream, for `sampler="shuffle"` only).
+
+Bad images: every encoded image of `folder:` and `tfrecord:` data (its
+test and validation splits too) is decoded once when it is loaded; those
+that do not decode are dropped from their split before N is counted, and
+named in one line of `DatasetSplits.notes` (`tfdp.data.image_check`).
 """
 
 import dataclasses
@@ -38,6 +43,7 @@ from tfdp.data import arrays
 from tfdp.data import catalog
 from tfdp.data import duplicates
 from tfdp.data import folder
+from tfdp.data import image_check
 from tfdp.data import pipeline
 from tfdp.data import preprocessing as preprocessing_lib
 from tfdp.data import sources
@@ -74,6 +80,13 @@ class DatasetSplits:
             held-out copies of training examples under `"test"` and
             `"validation"`), counted from the private data without noise;
             empty for data other than `folder:` (not checked).
+        undecodable_dropped: dict. Split -> images dropped because they do
+            not decode (`tfdp.data.image_check`), for the splits as given
+            (`"train"` is the training data before any held-out split);
+            empty for data with no encoded images checked up front (arrays,
+            tfds and catalog datasets).
+        undecodable_files: list of str. The dropped images: file paths,
+            or `"record K of <file>"` for TFRecords (K counts from 0).
     """
 
     train: object
@@ -86,6 +99,8 @@ class DatasetSplits:
     test_held_out: bool = False
     validation_held_out: bool = False
     duplicates_dropped: dict = dataclasses.field(default_factory=dict)
+    undecodable_dropped: dict = dataclasses.field(default_factory=dict)
+    undecodable_files: list = dataclasses.field(default_factory=list)
 
     def class_counts(self, split="train"):
         """Examples per class of a split whose labels are in memory, else `None`."""
@@ -151,7 +166,10 @@ def _check_labels(splits_by_name, num_classes):
 
 
 def _first_image_shape(source):
-    """`(height, width, channels)` of the first decodable image of a source."""
+    """`(height, width, channels)` of the first decodable image of a source.
+
+    For sources that `image_check` does not scan (decoded arrays).
+    """
     if not source.encoded:
         return tuple(source.images.shape[1:])
 
@@ -185,11 +203,15 @@ def _image_options(shape, encoded, image_size, channels):
     return (tuple(image_size) if image_size is not None else None), channels
 
 
-def _custom_preprocessing(mode, size, channels):
+def _check_preprocessing(mode):
     if mode not in PREPROCESSINGS:
         raise ValueError(
             f"`preprocessing` must be one of {PREPROCESSINGS}. Received: preprocessing={mode!r}"
         )
+
+
+def _custom_preprocessing(mode, size, channels):
+    _check_preprocessing(mode)
     if size is None:
         return None, None
     if mode == "resize":
@@ -211,8 +233,9 @@ def _decoded(source, info, mode, size):
     """`source` with its `info`; in-memory encoded images decoded and resized once.
 
     Only for deterministic preprocessing (`"resize"`): the pipelines then skip
-    the per-step decode. When some image does not decode, the source stays
-    encoded, so the pipelines skip and count it.
+    the per-step decode. Undecodable images were dropped before
+    (`_drop_undecodable`); should one fail here all the same, the source
+    stays encoded, and the pipelines skip and count it.
     """
     source.info = info
     if not (mode == "resize" and size is not None and type(source) is sources.ArraySource
@@ -268,10 +291,14 @@ def _load_test_dataset(test_dataset, train_prefix, class_names, options):
 def _load_custom(prefix, location, *, seed, test_fraction, num_classes, image_size, channels,
                  preprocessing_mode, image_key, label_key, cache_dir, in_memory_max_bytes,
                  test_dataset, user_key=None):
+    # Before any file is read: the images are decoded once below.
+    _check_preprocessing(preprocessing_mode)
     # Test files need no user feature: they are not trained on.
     options = dict(image_key=image_key, label_key=label_key, cache_dir=cache_dir,
                    in_memory_max_bytes=in_memory_max_bytes)
     class_names = None
+    # Where each split's images come from, to name an undecodable one.
+    origins = dict.fromkeys(("train", "test", "validation"), location)
     if prefix == "folder":
         found = folder.load_folder(location, in_memory_max_bytes=in_memory_max_bytes)
         train, test, validation, notes = (
@@ -288,6 +315,7 @@ def _load_custom(prefix, location, *, seed, test_fraction, num_classes, image_si
             split, pattern = held_out
             test, test_notes = tfrecord.load_tfrecord(pattern, **options)
             notes += f"; test: {split} files {pattern}, {test_notes}"
+            origins["test"] = pattern
     else:
         train, test, notes = arrays.load_npz(location)
         validation = None
@@ -299,16 +327,36 @@ def _load_custom(prefix, location, *, seed, test_fraction, num_classes, image_si
             )
         test, test_notes = _load_test_dataset(test_dataset, prefix, class_names, options)
         notes += f"; test: test_dataset {test_notes}"
+        origins["test"] = parse_dataset(test_dataset)[1]
+    given = {"train": train, "test": test, "validation": validation}
+    # Labels first: a wrong one is an error before any image is decoded.
+    num_classes = _check_labels(given, num_classes)
+    with image_check.decoder_messages_held_back():
+        scans = {name: image_check.scan(source, desc=f"checking {name} images")
+                 for name, source in given.items()
+                 if source is not None and source.encoded}
+        if "train" in scans:
+            if not scans["train"].ok.any():
+                raise _nothing_decodes("train", len(train), origins["train"])
+            shape = scans["train"].first_shape()
+        else:
+            shape = _first_image_shape(train)
+        size, channels = _image_options(shape, train.encoded, image_size, channels)
+        for name, found in scans.items():
+            found.ok = image_check.check_channels(given[name], found, channels,
+                                                  desc=f"checking {name} images")
+    given, undecodable, bad_files, check_notes = _drop_undecodable(
+        given, scans, origins, channels, size if preprocessing_mode == "resize" else None)
+    train, test, validation = given["train"], given["test"], given["validation"]
+    notes += "".join(f"; {line}" for line in check_notes)
     dropped = {}
     if prefix == "folder":  # Files: a copied file is one example twice.
         train, held_out, dropped = duplicates.drop_duplicates(
             train, {"test": test, "validation": validation})
         test, validation = held_out["test"], held_out["validation"]
-    num_classes = _check_labels(
-        {"train": train, "test": test, "validation": validation}, num_classes
-    )
-    shape = _first_image_shape(train)
-    size, channels = _image_options(shape, train.encoded, image_size, channels)
+    if dropped or any(undecodable.values()):
+        # What is left must still be a classification problem.
+        _check_labels({"train": train, "test": test, "validation": validation}, num_classes)
     image_shape = (size + (channels,)) if size is not None else shape
     info = sources.DatasetInfo(
         name=f"{prefix}:{location}", num_classes=num_classes, image_shape=image_shape
@@ -326,7 +374,86 @@ def _load_custom(prefix, location, *, seed, test_fraction, num_classes, image_si
         notes += f"; test: {how} held out of the training data"
     train_pre, eval_pre = _custom_preprocessing(preprocessing_mode, size, channels)
     return DatasetSplits(train, validation, test, info, train_pre, eval_pre, notes,
-                         test_held_out=test_held_out, duplicates_dropped=dropped)
+                         test_held_out=test_held_out, duplicates_dropped=dropped,
+                         undecodable_dropped=undecodable, undecodable_files=bad_files)
+
+
+def _nothing_decodes(split, count, origin):
+    return ValueError(
+        f"None of the {split} images decodes (JPEG, PNG, BMP, GIF); check the data. "
+        f"Received: {count} undecodable images in {origin}")
+
+
+def _under(path, directory):
+    """`path` relative to `directory` when it lies inside it, else `path`."""
+    root = os.path.abspath(directory)
+    if os.path.isdir(directory) and os.path.commonpath([os.path.abspath(path), root]) == root:
+        return os.path.relpath(path, directory)
+    return path
+
+
+def _example_name(source, index, origin):
+    """`(name, shown)` of example `index`: its file (or record of a file), and as the notes show it.
+
+    `origin` is the folder or the file pattern the source was read from;
+    the notes show names relative to it.
+    """
+    paths = getattr(source, "paths", None)
+    if paths is not None:
+        path = str(paths[index])
+        return path, _under(path, origin)
+    record_files = getattr(source, "record_files", None)
+    if record_files is None:
+        name = f"record {index} of {origin}"
+        return name, name
+    files, counts = record_files
+    ends = np.cumsum(counts)
+    k = int(np.searchsorted(ends, index, side="right"))
+    record = index - (int(ends[k - 1]) if k else 0)
+    return (f"record {record} of {files[k]}",
+            f"record {record} of {_under(files[k], os.path.dirname(origin))}")
+
+
+def _drop_undecodable(given, scans, origins, channels, size):
+    """The splits without the images that do not decode, and what the notes say of them.
+
+    Args:
+        given: dict. Split -> source or None.
+        scans: dict. Split -> `image_check.Scan`, for the encoded sources.
+        origins: dict. Split -> the folder or pattern it was read from.
+        channels: int. The model's channels.
+        size: tuple or None. The size every image is resized to, or None
+            (random crops).
+
+    Returns:
+        `(sources, dropped, files, note_lines)`: the splits, split -> count
+        dropped (for each scanned split), the dropped images' names (paths
+        or records) and the lines for the notes.
+    """
+    kept, dropped, files, shown, shapes = dict(given), {}, [], [], []
+    for name, found in scans.items():
+        source = given[name]
+        bad = np.flatnonzero(~found.ok)
+        dropped[name] = int(bad.size)
+        if bad.size == len(source):
+            raise _nothing_decodes(name, len(source), origins[name])
+        for index in bad.tolist():
+            full, short = _example_name(source, index, origins[name])
+            files.append(full)
+            shown.append(short)
+        if bad.size:
+            kept[name] = validation_lib.subset(source, np.flatnonzero(found.ok))
+        shapes.append(found.shapes[found.ok])
+    lines = []
+    if files:
+        all_files = all(getattr(given[name], "paths", None) is not None for name in scans)
+        lines.append(image_check.dropped_note(
+            shown, dropped, sum(len(given[name]) for name in scans), files=all_files))
+    if shapes:
+        converted = image_check.conversion_note(np.concatenate(shapes), channels, size)
+        if converted:
+            lines.append(converted)
+    return kept, dropped, files, lines
 
 
 # The trainer passes these from `train.*`; binding them here would be ignored.

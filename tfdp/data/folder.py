@@ -14,6 +14,9 @@ test and validation folders may be listed too; they are not trained on.
 An index over the files (paths and labels) is random access with no
 conversion: Poisson sampling reads each sampled file with `tf.io.read_file`.
 Folders smaller than `in_memory_max_bytes` are read into memory once.
+Either way the source's `paths` name its files: `load_dataset` decodes
+each file once (`tfdp.data.image_check`) and drops, and names, those that
+do not decode.
 """
 
 import csv
@@ -34,8 +37,9 @@ class FileSource(sources.ArraySource):
     """Random access over image files: example i is the file `paths[i]`.
 
     Paths and labels are held in memory; the file of a sampled index is
-    read in the tf.data graph and decoded by the preprocessing, so an
-    undecodable file is skipped and counted like any encoded image.
+    read in the tf.data graph and decoded by the preprocessing.
+    `load_dataset` has dropped the files that do not decode; one that
+    breaks later is skipped (weight 0) and counted like any encoded image.
 
     Args:
         paths: np.ndarray. `[N]` file paths (str).
@@ -197,13 +201,18 @@ def class_folder_source(directory, class_names, in_memory_max_bytes, users_csv=N
 
     Returns:
         `(class_names, source, how)`: `how` is "in memory" or "file index".
+        The source's `paths` are its files (an in-memory source's too,
+        until it is subset).
     """
     class_names, paths, labels, total_bytes = list_class_folders(directory, class_names)
     user_ids = (None if users_csv is None else
                 read_users(users_csv, users_root or directory, paths))
     if total_bytes <= in_memory_max_bytes:
-        return (class_names, sources.ArraySource(read_files(paths), labels, user_ids=user_ids),
-                "in memory")
+        source = sources.ArraySource(read_files(paths), labels, user_ids=user_ids)
+        # Names a file that does not decode (`load_dataset`'s check); a subset
+        # of the bytes has no need of it.
+        source.paths = np.asarray(paths, dtype=object)
+        return class_names, source, "in memory"
     return class_names, FileSource(paths, labels, user_ids=user_ids), "file index"
 
 

@@ -10,7 +10,10 @@ whose image fails to decode (truncated, random bytes, empty, ...) is not
 fatal: it becomes a weight-0 example with a zero image and label 0 (in
 DP terms it is simply not sampled, so it contributes no gradient), and it
 is counted in a `DecodeStats` counter (`dataset.decode_stats`, or the
-`decode_stats` argument) that the trainer logs.
+`decode_stats` argument) that the trainer logs. `load_dataset` drops the
+undecodable images of `folder:` and `tfrecord:` data when it loads them
+(`tfdp.data.image_check`), so for those the guard never fires; it is for
+sources that cannot be checked up front (tfds, sources built by hand).
 """
 
 import inspect

@@ -111,10 +111,12 @@ def match_files(pattern):
     return files
 
 
-def _records(files, image_key, label_key, user_key=None):
+def _records(files, image_key, label_key, user_key=None, counts=None):
     """Yields `(encoded_images, labels, user_ids)` numpy batches, reading the files once.
 
-    `user_ids` is None without a `user_key`.
+    `user_ids` is None without a `user_key`. Files are read one after the
+    other, in order; `counts`, a list, gets the number of records of each
+    (which name a record that does not decode by its file).
     """
     features = {
         image_key: tf.io.FixedLenFeature([], tf.string),
@@ -122,13 +124,18 @@ def _records(files, image_key, label_key, user_key=None):
     }
     if user_key is not None:
         features[user_key] = tf.io.FixedLenFeature([], tf.int64)
-    ds = tf.data.TFRecordDataset(files).batch(_PARSE_BATCH)
-    ds = ds.map(lambda serialized: tf.io.parse_example(serialized, features))
-    try:
-        for batch in ds.as_numpy_iterator():
-            yield batch[image_key], batch[label_key], batch.get(user_key)
-    except tf.errors.InvalidArgumentError as e:
-        raise ValueError(_feature_error(files[0], image_key, label_key, e, user_key)) from None
+    for path in files:
+        ds = tf.data.TFRecordDataset([path]).batch(_PARSE_BATCH)
+        ds = ds.map(lambda serialized: tf.io.parse_example(serialized, features))
+        count = 0
+        try:
+            for batch in ds.as_numpy_iterator():
+                count += len(batch[label_key])
+                yield batch[image_key], batch[label_key], batch.get(user_key)
+        except tf.errors.InvalidArgumentError as e:
+            raise ValueError(_feature_error(path, image_key, label_key, e, user_key)) from None
+        if counts is not None:
+            counts.append(count)
 
 
 def _feature_error(path, image_key, label_key, error, user_key=None):
@@ -176,8 +183,9 @@ def convert(files, cache_dir, *, image_key, label_key, user_key=None, num_exampl
 
     Returns:
         `(path_of_array_record, labels, user_ids, stats)`: `user_ids` is
-        None without a `user_key`; `stats` has `cached` (bool) and
-        `records_read` / `records_written` (0 when cached).
+        None without a `user_key`; `stats` has `cached` (bool),
+        `records_read` / `records_written` (0 when cached) and
+        `records_per_file` (a list, or None from a cache written without it).
     """
     from array_record.python.array_record_module import ArrayRecordWriter
 
@@ -186,8 +194,10 @@ def convert(files, cache_dir, *, image_key, label_key, user_key=None, num_exampl
     if os.path.isfile(os.path.join(target, _META_FILE)):
         labels = np.load(os.path.join(target, _LABELS_FILE))
         users = np.load(os.path.join(target, _USERS_FILE)) if user_key else None
+        with open(os.path.join(target, _META_FILE)) as f:
+            per_file = json.load(f).get("records_per_file")
         return os.path.join(target, _RECORD_FILE), labels, users, dict(
-            cached=True, records_read=0, records_written=0
+            cached=True, records_read=0, records_written=0, records_per_file=per_file
         )
     try:
         os.makedirs(cache_dir, exist_ok=True)
@@ -197,13 +207,13 @@ def convert(files, cache_dir, *, image_key, label_key, user_key=None, num_exampl
             "Cannot write the random-access conversion of the TFRecords; name a writable "
             f"directory with load_dataset.cache_dir. Received: cache_dir={cache_dir!r} ({e})"
         ) from None
-    labels, users, read, written = [], [], 0, 0
+    labels, users, read, written, per_file = [], [], 0, 0, []
     # group_size:1 makes each record its own chunk: one read per random access.
     writer = ArrayRecordWriter(os.path.join(scratch, _RECORD_FILE), "group_size:1")
     try:
         with progress_lib.progress(total=num_examples, desc="TFRecord -> ArrayRecord") as bar:
             for images, batch_labels, batch_users in _records(files, image_key, label_key,
-                                                              user_key):
+                                                              user_key, per_file):
                 for image in images:
                     writer.write(image)
                 read += len(images)
@@ -221,6 +231,7 @@ def convert(files, cache_dir, *, image_key, label_key, user_key=None, num_exampl
             users = None
         with open(os.path.join(scratch, _META_FILE), "w") as f:
             json.dump({"files": files, "num_examples": int(len(labels)),
+                       "records_per_file": per_file,
                        "image_key": image_key, "label_key": label_key,
                        "user_key": user_key}, f)
         os.replace(scratch, target)  # Atomic: a crash never leaves a half cache.
@@ -228,7 +239,7 @@ def convert(files, cache_dir, *, image_key, label_key, user_key=None, num_exampl
         shutil.rmtree(scratch, ignore_errors=True)
         raise
     return os.path.join(target, _RECORD_FILE), labels, users, dict(
-        cached=False, records_read=read, records_written=written
+        cached=False, records_read=read, records_written=written, records_per_file=per_file
     )
 
 
@@ -249,15 +260,18 @@ def load_tfrecord(pattern, *, image_key, label_key, cache_dir, in_memory_max_byt
 
     Returns:
         `(source, notes)`: an `ArraySource` or `ArrayRecordSource` (with
-        `conversion_stats` when converted), and a description.
+        `conversion_stats` when converted), and a description. The source's
+        `record_files`, `(files, records per file)`, names the file of each
+        example (until it is subset); it is absent for a cached conversion
+        written without it.
     """
     files = match_files(pattern)
     total_bytes = sum(tf.io.gfile.stat(path).length for path in files)
     if total_bytes <= in_memory_max_bytes:
-        images, labels, users = [], [], []
+        images, labels, users, per_file = [], [], [], []
         with progress_lib.progress(desc="reading TFRecords") as bar:
             for batch_images, batch_labels, batch_users in _records(files, image_key, label_key,
-                                                                    user_key):
+                                                                    user_key, per_file):
                 images.extend(batch_images)
                 labels.append(batch_labels)
                 users.append(batch_users)
@@ -268,6 +282,7 @@ def load_tfrecord(pattern, *, image_key, label_key, cache_dir, in_memory_max_byt
         encoded[:] = images
         source = sources.ArraySource(encoded, np.concatenate(labels),
                                      user_ids=np.concatenate(users) if user_key else None)
+        source.record_files = (files, per_file)
         return source, f"{len(files)} TFRecord file(s) in memory{_users_note(user_key)}"
     cache_dir = cache_dir or os.path.join(os.path.dirname(files[0]), ".tfdp_cache")
     path, labels, users, stats = convert(files, cache_dir, image_key=image_key,
@@ -276,6 +291,8 @@ def load_tfrecord(pattern, *, image_key, label_key, cache_dir, in_memory_max_byt
         raise ValueError(f"The TFRecord files hold no examples. Received: pattern={pattern!r}")
     source = ArrayRecordSource(path, labels, user_ids=users)
     source.conversion_stats = stats
+    if stats["records_per_file"] is not None:
+        source.record_files = (files, stats["records_per_file"])
     how = "cached" if stats["cached"] else "converted"
     return source, (f"{len(files)} TFRecord file(s), random access via {path} ({how})"
                     f"{_users_note(user_key)}")
