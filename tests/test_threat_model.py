@@ -192,11 +192,16 @@ class NonDpStatisticsTest(tf.test.TestCase):
         workdir = self.create_tempdir().full_path
         result = run_train(*TINY, "--gin_param=train.export_model = False", workdir=workdir)
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
-        for line in result.stdout.splitlines():
+        lines = result.stdout.splitlines()
+        legend = [i for i, line in enumerate(lines) if "'| non-DP:'" in line]
+        self.assertLen(legend, 1)  # Explained once, before the column's first use.
+        self.assertIn("NOT COVERED BY EPSILON", lines[legend[0]])
+        for i, line in enumerate(lines):
             for name in ("train_acc", "train_loss", "grad_norm", "clipped="):
                 if name in line:
-                    self.assertIn("| not covered by epsilon:", line)
-                    self.assertLess(line.index("not covered"), line.index(name))
+                    self.assertGreater(i, legend[0])
+                    self.assertIn("| non-DP:", line)
+                    self.assertLess(line.index("| non-DP:"), line.index(name))
         self.assertIn("train_acc=", result.stdout)
         with open(os.path.join(workdir, "summary.json")) as f:
             summary = json.load(f)
@@ -245,7 +250,8 @@ class RelationTest(tf.test.TestCase):
         self.assertNotEmpty(epoch_lines)
         for line in epoch_lines + [line for line in result.stdout.splitlines()
                                    if line.startswith("privacy:")]:
-            self.assertRegex(line, r"epsilon=\S+ at delta=1e-05 \(zero_out adjacency: .*"
+            # The privacy line describes the relation; the epoch lines name it.
+            self.assertRegex(line, r"epsilon=\S+ at delta=1e-05 \(zero_out adjacency[:;].*"
                                    r"replace-one epsilon=")
         self.assertRegex(result.stdout, r"(?m)^final: epsilon=\S+ at delta=1e-05 holds for "
                                         r"zero_out adjacency \(.*\); replace-one epsilon=")

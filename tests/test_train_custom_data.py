@@ -100,7 +100,7 @@ class TrainOnYourImagesTest(tf.test.TestCase):
         self.assertEqual(summary["not_covered_by_epsilon"]["skipped_undecodable_train"], 0)
         self.assertNotIn("undecodable training images so far", out)
         # Validation is reported apart from the test set: console, summary, TensorBoard.
-        self.assertRegex(out, r"epoch .* test_acc=.* \| not covered by epsilon: val_acc=[0-9.]+ ")
+        self.assertRegex(out, r"epoch .* test_acc=.* \| non-DP: val_acc=[0-9.]+ ")
         self.assertRegex(out, r"final: validation_accuracy=[0-9.]+ \(N=20, held out")
         self.assertBetween(summary["not_covered_by_epsilon"]["validation_accuracy"], 0.0, 1.0)
         tags = _tensorboard_tags(workdir)
@@ -150,7 +150,7 @@ class TrainOnYourImagesTest(tf.test.TestCase):
         # epoch line, TensorBoard, summary.json and the final lines.
         self.assertIn("data: WARNING: the 16 test and 7 validation examples held out of the "
                       "training data are NOT protected by epsilon", out)
-        self.assertRegex(out, r"(?m)^epoch .*: epsilon=.* \| not covered by epsilon: "
+        self.assertRegex(out, r"(?m)^epoch .*: epsilon=.* \| non-DP: "
                               r"test_acc=[0-9.]+ test_loss=[0-9.]+ val_acc=")
         self.assertNotRegex(out, r"(?m)^epoch [^|]*test_acc=")
         self.assertRegex(out, r"(?m)^final: test_accuracy=[0-9.]+ \(N=16, held out from "

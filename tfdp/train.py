@@ -401,6 +401,8 @@ def main(argv):
         workdir = _WORKDIR.value or default_workdir(gin_files, _GIN_PARAM.value or [])
         created = not os.path.exists(workdir)
         train(workdir, seed=_SEED.value, strategy_name=_STRATEGY.value, dry_run=_DRY_RUN.value)
+        if _DRY_RUN.value and created:  # A dry run writes nothing a real run would resume.
+            _remove_unused_workdir(workdir)
     except KeyboardInterrupt:
         print(f"\ninterrupted: rerun the same command to resume from the last checkpoint "
               f"in {os.path.join(workdir or 'workdir', 'checkpoints')}", file=sys.stderr)

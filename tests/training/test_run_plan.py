@@ -144,8 +144,10 @@ class ProgressTest(tf.test.TestCase):
             reporter.progress(20, learning_rate=0.1, examples_per_second=5.0,
                               stats={"mean_grad_norm": 1.0, "clipped_fraction": 0.5,
                                      "nonfinite": 0.0})
-        self.assertRegex(out.getvalue(), r"^  step 20/40 \(50%, ETA 60 s\) lr=0.1 5 ex/s \| "
-                                         r"not covered by epsilon: grad_norm=1.000")
+        self.assertRegex(out.getvalue(), r"^the figures after '\| non-DP:' are computed from "
+                                         r"private data without noise: they are NOT COVERED "
+                                         r"BY EPSILON\n  step 20/40 \(50%, ETA 60 s\) lr=0.1 5 ex/s \| "
+                                         r"non-DP: grad_norm=1.000")
 
     def test_duration_units(self):
         self.assertEqual(reporting.duration(59), "59 s")

@@ -343,9 +343,14 @@ class PrivateTrainStep:
             element_spec: the training pipeline's `element_spec`,
                 `(images, labels, weights, ...)`; the first three are used.
         """
-        if self.num_replicas > 1 or self.method == "naive":
+        if self.num_replicas > 1 or self.needs_static_batch:
             return
         self._accumulate_fn.get_concrete_function(*element_spec[:3])
+
+    @property
+    def needs_static_batch(self):
+        """Whether a trace needs the batch's length: `naive` loops over the examples."""
+        return self.method == "naive"
 
     def apply(self):
         """Ends the logical step: noise once, normalise, update (on every
@@ -383,6 +388,11 @@ class NonPrivateTrainStep(PrivateTrainStep):
             weight_decay=weight_decay, seed=seed, jit_compile=jit_compile,
         )
         self._decayed = clipping.default_weight_decay_variables(model) if weight_decay else []
+
+    @property
+    def needs_static_batch(self):
+        """One batched gradient: every length of a Poisson step shares a trace."""
+        return False
 
     def _grad_sum(self, x, y, weights):
         with tf.GradientTape() as tape:

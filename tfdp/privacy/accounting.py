@@ -187,9 +187,9 @@ def check_delta_against_dataset(delta, dataset_size, stacklevel=3):
     """
     if dataset_size is not None and delta >= 1.0 / dataset_size:
         warnings.warn(
-            f"delta={delta!r} is >= 1/dataset_size = {1.0 / dataset_size!r}; "
-            "such a delta permits leaking whole examples. Prefer "
-            "delta << 1/N.",
+            f"delta={delta:g} is >= 1/dataset_size = {1.0 / dataset_size:.3g} "
+            f"(N={dataset_size}): such a delta permits leaking whole examples. Prefer "
+            f"delta << 1/N, e.g. {default_delta(dataset_size):g} (the default for this N).",
             UserWarning,
             stacklevel=stacklevel,
         )

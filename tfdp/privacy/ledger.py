@@ -187,7 +187,7 @@ class PrivacyLedger:
         steps = self._steps if steps is None else accounting.validate_steps(steps)
         return self._epsilon(steps, self._noise_multiplier / factor)
 
-    def describe_epsilon(self, epsilon=None, steps=None):
+    def describe_epsilon(self, epsilon=None, steps=None, brief=False):
         """One line: epsilon, delta and the relation (and replace-one epsilon).
 
         E.g. `epsilon=19.05 at delta=1e-05 (zero_out adjacency: ...;
@@ -196,6 +196,9 @@ class PrivacyLedger:
         Args:
             epsilon: float or None. An epsilon already computed for `steps`.
             steps: int or None. Total steps. Defaults to the steps recorded.
+            brief: bool. Name the relation without its description, for
+                lines that repeat (a run states the description once).
+                Defaults to False.
 
         Returns:
             A str.
@@ -204,7 +207,8 @@ class PrivacyLedger:
         if epsilon is None:
             epsilon = self._epsilon(accounting.validate_steps(steps))
         text = (f"epsilon={accounting.format_epsilon(epsilon)} at delta={self._delta:g} "
-                f"({self.adjacency} adjacency: {self.adjacency_description}")
+                f"({self.adjacency} adjacency"
+                + ("" if brief else f": {self.adjacency_description}"))
         replace_one = self.epsilon_replace_one(steps)
         if replace_one is not None:
             text += f"; replace-one epsilon={accounting.format_epsilon(replace_one)}"

@@ -6,7 +6,9 @@ accuracy, gradient norms, clip fractions, counts of non-finite, undecodable
 and duplicate training examples, and the figures of test and validation
 sets held out of the training data) are kept apart from ε and the figures
 of a separate test set, and labelled wherever they appear:
-- on the console, after `| not covered by epsilon:`;
+- on the console, in the `| non-DP:` column of the progress and epoch lines,
+  which the run explains once, before its first use (the data line and the
+  warnings say `not covered by epsilon`);
 - in TensorBoard, under the `non_dp/` tags (test figures under `test/`, ε
   under `privacy/epsilon`);
 - in `summary.json`, under `not_covered_by_epsilon`.
@@ -21,6 +23,9 @@ import time
 import tensorflow as tf
 
 NOT_COVERED = "not covered by epsilon"
+# The column of the progress and epoch lines that holds the figures computed
+# from private data without noise; `RunReporter` explains it once.
+NON_DP_COLUMN = "| non-DP:"
 NON_DP_TAG_PREFIX = "non_dp/"
 
 
@@ -185,6 +190,14 @@ class RunReporter:
         self.test_metrics = {}
         self.non_dp_metrics = {}
         self.t_start = time.time()
+        self._legend_shown = False
+
+    def _legend(self):
+        """Once, before the first line with a non-DP column: what the column is."""
+        if not self._legend_shown:
+            log(f"the figures after '{NON_DP_COLUMN}' are computed from private data without "
+                f"noise: they are {NOT_COVERED.upper()}")
+            self._legend_shown = True
 
     def _write_non_dp(self, step, values):
         with self.writer.as_default(step=step):
@@ -223,7 +236,8 @@ class RunReporter:
         with self.writer.as_default(step=step):
             tf.summary.scalar("learning_rate", learning_rate)
         if self.report_non_dp_statistics:
-            line += (f" | {NOT_COVERED}: grad_norm={stats['mean_grad_norm']:.3f} "
+            self._legend()
+            line += (f" {NON_DP_COLUMN} grad_norm={stats['mean_grad_norm']:.3f} "
                      f"clipped={stats['clipped_fraction']:.0%}")
             self._write_non_dp(step, {k: stats[k] for k in
                                       ("mean_grad_norm", "clipped_fraction", "nonfinite")})
@@ -280,7 +294,8 @@ class RunReporter:
             if train is not None:
                 shown += [f"train_loss={train['loss']:.4f}", f"train_acc={train['accuracy']:.4f}"]
             if shown:
-                line += f" | {NOT_COVERED}: " + " ".join(shown)
+                self._legend()
+                line += f" {NON_DP_COLUMN} " + " ".join(shown)
         log(line)
         if skipped_test:
             label = f" ({NOT_COVERED})" if self.test_held_out else ""
@@ -297,7 +312,7 @@ class RunReporter:
             tf.summary.text("privacy/adjacency", self.ledger.describe_epsilon(epsilon, step))
             if replace_one is not None and math.isfinite(replace_one):
                 tf.summary.scalar("privacy/epsilon_replace_one", replace_one)
-        return self.ledger.describe_epsilon(epsilon, step)
+        return self.ledger.describe_epsilon(epsilon, step, brief=True)
 
     def summary(self, *, epsilon, delta, steps, noise_multiplier, dataset_size,
                 validation_size, privacy_guarantee, not_private=None, privacy_unit=None):
