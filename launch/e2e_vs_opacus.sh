@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The default run end to end, tfdp against an Opacus replica of it, back to
-# back on this machine (issue 18; docs/BENCHMARKS.md, "The default run end to
-# end"). Each round runs `python3 -m tfdp.train` and then
+# back on this machine (docs/BENCHMARKS.md, "The default run end to end").
+# Each round runs `python3 -m tfdp.train` and then
 # launch/peers/opacus_default_run.py, and times each whole process, imports
 # included, from its start to its exit.
 #
