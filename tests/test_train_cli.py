@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from tfdp import train
+from tfdp import validation
 
 
 def test_bindings_help_has_one_line_per_binding():
@@ -48,17 +49,19 @@ def test_configuration_error_leaves_no_workdir(tmp_path):
     assert not workdir.exists()
 
 
-def test_misspelt_binding_and_missing_file_fail_before_tensorflow_is_imported(tmp_path):
+def test_configuration_errors_come_before_tensorflow_is_imported(tmp_path):
     # `-X importtime` lists every module imported; tensorflow must not be one.
     for args, expected in (
             (["--gin_param=train.epoch = 3"],
              "error: Bad gin configuration in --gin_param: Configurable 'train' doesn't have a "
              "parameter named 'epoch'. Did you mean 'train.epochs'?"),
+            (["--gin_param=train.l2_norm_clip = -1"], "error: l2_norm_clip must be > 0"),
+            (["--gin_param=train.epochs = (3"], "error: Bad gin configuration in --gin_param"),
             (["--gin_file=no_such_file.gin"], "error: Gin file not found")):
         result = subprocess.run(
             [sys.executable, "-X", "importtime", "-m", "tfdp.train", *args,
              f"--workdir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=120)
-        assert result.returncode == 2
+        assert result.returncode == 2, result.stderr[-2000:]
         lines = result.stderr.strip().splitlines()
         assert lines[-1].startswith(expected), lines[-1]
         assert not any(line.rstrip().endswith("| tensorflow") for line in lines)
@@ -68,19 +71,22 @@ def test_misspelt_binding_and_missing_file_fail_before_tensorflow_is_imported(tm
 def test_precheck_reads_includes_and_finds_train_typos_in_files(tmp_path):
     from tfdp import config
 
-    parameters = ["epochs", "dataset"]
     good = tmp_path / "good.gin"
-    good.write_text("train.epochs = 2\n")
+    good.write_text("train.epochs = 2\nresnet18.width = 3  # not imported yet: skipped\n")
     bad = tmp_path / "bad.gin"
     bad.write_text(f"include '{good}'\ntrain.datset = 'digits'\n")
-    config.precheck([str(good)], ["train.dataset = 'digits'"], parameters)
+    config.precheck([str(good)], ["train.dataset = 'digits'"])
     with pytest.raises(ValueError, match=r"bad\.gin: .*'datset'\. Did you mean 'train\.dataset'"):
-        config.precheck([str(bad)], [], parameters)
+        config.precheck([str(bad)], [])
     with pytest.raises(ValueError, match="Gin file not found.*'missing_include.gin'"):
-        config.precheck([], ["include 'missing_include.gin'"], parameters)
+        config.precheck([], ["include 'missing_include.gin'"])
     bad.write_text("include 'missing_include.gin'\n")
     with pytest.raises(ValueError, match="Gin include not found in .*bad.gin"):
-        config.precheck([str(bad)], [], parameters)
+        config.precheck([str(bad)], [])
+    with pytest.raises(ValueError, match="delta must be"):
+        config.precheck([str(good)], ["train.delta = 2.0"],
+                        validators={"train.delta": validation.validate_delta})
+    config.precheck([str(good)], [], validators={"train.delta": validation.validate_delta})
 
 
 @pytest.mark.slow

@@ -8,7 +8,6 @@
 same workdir resumes from the last checkpoint.
 """
 
-import inspect
 import os
 import re
 import sys
@@ -385,11 +384,16 @@ def main(argv):
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     from tfdp import config
     from tfdp import tensorflow_startup
+    from tfdp import validation
 
     gin_files = _GIN_FILE.value or [DEFAULT_GIN_FILE]
     try:  # Before TensorFlow's import, which takes seconds.
-        config.precheck(gin_files, _GIN_PARAM.value or [],
-                        inspect.signature(inspect.unwrap(train)).parameters)
+        config.precheck(gin_files, _GIN_PARAM.value or [], validators={
+            "train.l2_norm_clip": validation.validate_l2_norm_clip,
+            "train.noise_multiplier": validation.validate_noise_multiplier,
+            "train.target_epsilon": validation.validate_epsilon,
+            "train.delta": validation.validate_delta,
+        })
     except ValueError as e:
         _exit_with_error(e)
     tensorflow_startup.import_tensorflow()
