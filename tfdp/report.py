@@ -11,7 +11,7 @@ embedded in the file. It shows:
 - the privacy profile ε(δ) of the final model;
 - test (and validation) accuracy against ε;
 - the clip fraction and the gradient norms, labelled as not covered by ε;
-- where `python3 -m tfdp.audit --output=WORKDIR/audit.json` was run, its
+- where `python3 -m tfdp.audit --workdir=WORKDIR` was run (its `audit.json`), its
   empirical lower bound on ε beside the accountant's upper bound.
 
 Everything on the page is what the run already wrote (its ledger,
