@@ -12,9 +12,14 @@ from tfdp import audit
 from tfdp.audit import cli
 
 # A small, fast configuration (about 20 s of training per run on 2 CPU
-# cores): 200 digits + ~500 of 1000 canaries, ~215 steps.
+# cores): 200 digits + ~500 of 1000 canaries, ~215 steps. The batches are
+# drawn with a secret key, so they differ from run to run: with ReLU, this
+# short run sometimes loses its units and memorises too little to be caught
+# (epsilon_lower 0.6-4.3 over 6 runs); with tanh it memorised in every run
+# (3.6-4.4 over 5 runs).
 FAST = dict(num_canaries=1000, num_train=200, epochs=20, batch_size=64,
-            l2_norm_clip=1.0, learning_rate=0.2, delta=1e-5, beta=0.05, seed=0)
+            l2_norm_clip=1.0, learning_rate=0.2, delta=1e-5, beta=0.05, seed=0,
+            activation="tanh")
 TARGET_EPSILON = 2.0
 
 

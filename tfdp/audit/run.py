@@ -45,8 +45,10 @@ class AuditConfig:
             "relu".
         model_width: int. Width multiplier of `small_convnet` (filters
             16w, 32w; dense 32w). Defaults to 2.
-        seed: int. Seeds the digits subset, canaries, inclusion draws,
-            init, sampling and noise. Defaults to 0.
+        seed: int. Seeds the digits subset, canaries, inclusion draws and
+            the initial weights. The batches and the noise come from the
+            mechanism's secret key, as in any private run, so two audits with
+            one seed train on different batches. Defaults to 0.
         guess_counts: tuple of ints or None. Total guess counts r to try
             (Bonferroni over them); None for `bounds.default_guess_counts`.
         eval_batch_size: int. Defaults to 1000.
