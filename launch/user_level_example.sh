@@ -64,8 +64,8 @@ print(f"simulated users: {users} users, {n} images, images per user min={counts.
 PYEOF
 
 EPS_EX_DELTA_EX=$("${PY}" -c "
-from tfdp.dp import user_groups
-eps, delta = user_groups.example_level_budget(8.0, 1e-5, ${MAX_USER_IMAGES})
+from tfdp import privacy as tfdp_privacy
+eps, delta = tfdp_privacy.example_level_budget(8.0, 1e-5, ${MAX_USER_IMAGES})
 print(f'{eps:.6g} {delta:.6g}')")
 read -r EPS_EX DELTA_EX <<<"${EPS_EX_DELTA_EX}"
 
@@ -86,7 +86,7 @@ import json
 import os
 import sys
 
-from tfdp.dp import user_groups
+from tfdp import privacy as tfdp_privacy
 
 out, k = sys.argv[1], int(sys.argv[2])
 for name in ("user_level", "example_level_group", "example_level"):
@@ -96,7 +96,7 @@ for name in ("user_level", "example_level_group", "example_level"):
     if s.get("privacy_unit") == "user":
         user = f"user-level epsilon={eps:.3f} delta={delta:.3g} (any user)"
     else:
-        g_eps, g_delta = user_groups.group_privacy(eps, delta, k)
+        g_eps, g_delta = tfdp_privacy.group_privacy(eps, delta, k)
         g_delta = f"{g_delta:.3g}" if g_delta < 1 else ">=1 (none)"
         user = (f"example-level epsilon={eps:.3f} delta={delta:.3g}; users of <= {k} images: "
                 f"epsilon={g_eps:.3f} delta={g_delta}")

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import tfdp
 from tests.dp.test_training_probe import MixesFrom
 from tests.dp.test_training_probe import batch_mean_xent
 from tfdp.compat import tensorflow_privacy
@@ -40,8 +41,8 @@ def _fit_refused(model, pattern):
     (True, _xent, "Layer 'mixes_from_4' mixes examples"),
     (False, lambda: batch_mean_xent, "loss 'batch_mean_xent' mixes examples"),
 ])
-def test_plain_model_with_a_tf_privacy_optimizer(mixing, loss, pattern):
-    model = keras.Sequential(_layers(mixing))
+def test_private_model_with_a_tf_privacy_optimizer(mixing, loss, pattern):
+    model = tfdp.make_private(keras.Sequential(_layers(mixing)))
     model.compile(optimizer=tensorflow_privacy.DPKerasSGDOptimizer(
         l2_norm_clip=1.0, noise_multiplier=0.0, learning_rate=0.1), loss=loss())
     _fit_refused(model, pattern)

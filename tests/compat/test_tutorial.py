@@ -1,9 +1,11 @@
-"""TF-Privacy's Keras MNIST tutorial with only the import changed.
+"""TF-Privacy's Keras MNIST tutorial with the import changed and the model made private.
 
 A faithful copy of the structure of TF-Privacy's
 `tutorials/mnist_dpsgd_tutorial_keras.py`: a Sequential CNN, a
 `DPKerasSGDOptimizer` with microbatches, a per-example loss (`Reduction.NONE`)
-and `model.fit`. Only `import tensorflow_privacy` is replaced. It runs on the
+and `model.fit`. `import tensorflow_privacy` is replaced, and one line,
+`model = tfdp.make_private(model)`, is added before `compile` (Keras 3 hands
+an optimizer only the gradients of the reduced loss). It runs on the
 offline 4,000-image MNIST subset at the tutorial's settings (learning rate
 0.15, sigma 1.1, C 1.0, batch 250, 250 microbatches, 60 epochs): the same
 steps per epoch ratio is not kept, the epochs are.
@@ -34,6 +36,7 @@ def run_tutorial(epochs, learning_rate=0.15, noise_multiplier=1.1, l2_norm_clip=
         tf.keras.layers.Dense(32, activation="relu"),
         tf.keras.layers.Dense(10),
     ])
+    model = tfdp.make_private(model)  # added: the DP train step
     optimizer = tensorflow_privacy.DPKerasSGDOptimizer(
         l2_norm_clip=l2_norm_clip,
         noise_multiplier=noise_multiplier,

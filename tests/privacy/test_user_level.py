@@ -180,11 +180,11 @@ class UserLevelAccountingTest(tf.test.TestCase):
         self.assertEqual(privacy.PrivacyLedger.from_json(user.to_json()), user)
 
     def test_group_privacy_conversion(self):
-        eps, delta = user_groups.group_privacy(0.5, 1e-7, 4)
+        eps, delta = privacy.group_privacy(0.5, 1e-7, 4)
         self.assertAllClose(eps, 2.0)
         self.assertAllClose(delta, 4 * np.exp(1.5) * 1e-7)
-        eps_ex, delta_ex = user_groups.example_level_budget(8.0, 1e-5, 20)
-        self.assertAllClose(user_groups.group_privacy(eps_ex, delta_ex, 20), (8.0, 1e-5))
+        eps_ex, delta_ex = privacy.example_level_budget(8.0, 1e-5, 20)
+        self.assertAllClose(privacy.group_privacy(eps_ex, delta_ex, 20), (8.0, 1e-5))
 
 
 class UserBlocksTest(tf.test.TestCase):

@@ -14,11 +14,9 @@ weights.
 `tfdp.samplers.UserPoissonSampler` draws batches in this layout;
 `user_blocks` makes it from any batch with a user id per row.
 
-`group_privacy` is what example-level DP says about a user of at most k
-examples, for comparison with a user-level run.
+What example-level DP says about a user of at most k examples, for
+comparison with a user-level run, is `tfdp.privacy.group_privacy`'s.
 """
-
-import math
 
 import numpy as np
 
@@ -95,42 +93,3 @@ def user_blocks(user_ids, max_examples_per_user):
         count_of[u] = mine.size
     weights = block_weights([count_of[u] for u in users], k)
     return rows.reshape(-1), weights
-
-
-def group_privacy(epsilon, delta, group_size):
-    """The (ε, δ) that example-level (ε, δ)-DP gives a group of k examples.
-
-    The standard conversion (Dwork and Roth 2014, Lemma 2.2 applied k
-    times): (kε, k·e^{(k−1)ε}·δ). It is what example-level accounting can
-    claim for a user who contributed at most k examples.
-
-    Args:
-        epsilon: float. Example-level ε.
-        delta: float. Example-level δ.
-        group_size: int. k, the examples of one user.
-
-    Returns:
-        `(group_epsilon, group_delta)`.
-    """
-    k = int(group_size)
-    if k < 1:
-        raise ValueError(f"`group_size` must be >= 1. Received: group_size={group_size}")
-    return k * float(epsilon), k * math.exp((k - 1) * float(epsilon)) * float(delta)
-
-
-def example_level_budget(user_epsilon, user_delta, group_size):
-    """The example-level (ε, δ) whose `group_privacy` for k examples is the given one.
-
-    Args:
-        user_epsilon: float. The user-level ε to reach.
-        user_delta: float. The user-level δ to reach.
-        group_size: int. k, the most examples of one user.
-
-    Returns:
-        `(epsilon, delta)`: ε = ε_user / k, δ = δ_user / (k·e^{(k−1)ε}).
-    """
-    k = int(group_size)
-    if k < 1:
-        raise ValueError(f"`group_size` must be >= 1. Received: group_size={group_size}")
-    epsilon = float(user_epsilon) / k
-    return epsilon, float(user_delta) / (k * math.exp((k - 1) * epsilon))

@@ -1,16 +1,18 @@
 """The physical batches `DPModel.fit` trains on when it is given arrays.
 
-Each Keras epoch is `steps_per_epoch` logical steps, numbered globally from
-the optimizer's step count at the epoch's start (so a later epoch, a later
-`fit` call or a resumed run draws new steps, and global seeds such as
+The logical steps are numbered globally from the optimizer's step count when
+the dataset is iterated (at an epoch's start; so a later epoch, a later `fit`
+call or a resumed run draws new steps, and global seeds such as
 `keras.utils.set_random_seed` play no part). Step `s` is the sampler's
 `step_indices(sampling_key, s)`: for Poisson, each example independently
 with probability q, padded with weight-0 examples to whole physical batches;
-for shuffle, the B examples at positions `[(s mod S)·B, (s mod S + 1)·B)` of
-pass `s // S`'s secret permutation, or of the arrays' own order with
-`ordered=True`. Either way a step lies inside one pass and holds no example
-twice. The last physical batch of each step carries `last=True`, on which the
-optimizer releases the step.
+for Poisson sampling of users, each drawn user's block of
+`max_examples_per_user` rows (their chosen examples, weight k / c, then
+weight-0 padding); for shuffle, the B examples at positions
+`[(s mod S)·B, (s mod S + 1)·B)` of pass `s // S`'s secret permutation, or of
+the arrays' own order with `ordered=True`. Either way a step lies inside one
+pass and holds no example twice. The last physical batch of each step carries
+`last=True`, on which the optimizer releases the step.
 """
 
 import tensorflow as tf
@@ -31,7 +33,9 @@ def step_batches(x, y, sample_weight, sampler, sampling_key, *, ordered, first_s
             secret permutation per pass.
         first_step: int64 variable. The epoch's first global step, read each
             time the dataset is iterated (set at the epoch's start).
-        steps_per_epoch: int. Logical steps per iteration of the dataset.
+        steps_per_epoch: int or None. Logical steps per iteration of the
+            dataset; None: without end (`fit` then counts the logical steps
+            of each epoch).
 
     Returns:
         A `tf.data.Dataset` of `(x, y, weights, last)`: weights float32 `[P]`
@@ -57,6 +61,8 @@ def step_batches(x, y, sample_weight, sampler, sampling_key, *, ordered, first_s
 
     def epoch_steps(_):
         start = first_step.read_value()
+        if steps_per_epoch is None:
+            return tf.data.Dataset.range(start, tf.int64.max)
         return tf.data.Dataset.range(start, start + steps_per_epoch)
 
     def gather(indices, weights, lasts):

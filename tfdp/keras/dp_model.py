@@ -2,10 +2,12 @@
 
 `DPModel` wraps any built or unbuilt Keras model (Functional, Sequential or
 subclassed) and overrides `fit` (which draws the logical steps: Poisson or
-shuffled batches of arrays, or a stream's batches, never a step across two
-epochs; see `DPModel.fit`) and `train_step`: `evaluate`, `predict`, `save`
-and `load_model` work as for any Keras model (the wrapper and `DPOptimizer`
-are registered serialisables; `dp_model.model` is the plain inner model).
+shuffled batches of arrays, Poisson-sampled users, or a stream's batches,
+never a step across two epochs; see `DPModel.fit`), `make_train_function`
+(for steps of random size, one Keras step is one logical step) and
+`train_step`: `evaluate`, `predict`, `save` and `load_model` work as for any
+Keras model (the wrapper and `DPOptimizer` are registered serialisables;
+`dp_model.model` is the plain inner model).
 
 The per-example loss comes from the compiled loss (see
 `per_example_loss_fn`); its reduction is ignored: DP-SGD sums the clipped
@@ -19,23 +21,20 @@ update); `tfdp.compat.tensorflow_privacy` also runs it for plain Keras models
 compiled with a TF-Privacy optimizer, with TF-Privacy's microbatches.
 """
 
-import inspect
-import sys
-import warnings
 import weakref
 
 import keras
 import numpy as np
 import tensorflow as tf
-from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 from keras.src.trainers.data_adapters import array_slicing
 
 from tfdp.dp import clipping
 from tfdp.dp import layer_taps
 from tfdp.dp import model_probe
 from tfdp.dp import sensitivity
+from tfdp.dp import user_groups
 from tfdp.keras import array_batches
-from tfdp.keras import dp_optimizer as dp_optimizer_lib
+from tfdp.keras import privacy_account
 from tfdp.keras.dp_optimizer import DPOptimizer
 
 
@@ -125,9 +124,11 @@ def private_update(model, optimizer, per_example_loss, x, y, sample_weight=None,
                    batch_size=None, last=None, physical_batch_size=None):
     """The DP-SGD half of a `fit` step: clip, accumulate, noise, update.
 
-    Clips each example's gradient (or, for an optimizer with a
-    `num_microbatches` attribute, as in `tfdp.compat.tensorflow_privacy`,
-    each microbatch's mean gradient) to the optimizer's `l2_norm_clip`, adds
+    Clips each privacy unit's gradient to the optimizer's `l2_norm_clip`:
+    each example's, or under `privacy_unit="user"` the mean of a user's
+    block of `max_examples_per_user` rows (`DPOptimizer.group_size`), or,
+    for an optimizer with a `num_microbatches` attribute, as in
+    `tfdp.compat.tensorflow_privacy`, each microbatch's mean gradient. Adds
     the sum to the optimizer's accumulators and, on the last batch of a
     logical step, noises once and updates. Runs inside a traced train step.
 
@@ -186,7 +187,10 @@ def private_update(model, optimizer, per_example_loss, x, y, sample_weight=None,
     weights = None
     if sample_weight is not None:
         weights = tf.reshape(tf.cast(sample_weight, tf.float32), [rows])
-    x, group = _microbatch_rows(x, getattr(optimizer, "num_microbatches", None), batch_size)
+    num_microbatches = getattr(optimizer, "num_microbatches", None)
+    x, group = _microbatch_rows(x, num_microbatches, batch_size)
+    if num_microbatches is None:
+        group = optimizer.group_size
     method = clipping.resolve_method(model, optimizer.method)
     captured = []
 
@@ -225,8 +229,9 @@ _PROBED = weakref.WeakKeyDictionary()
 
 def _planned_batch_size(optimizer):
     plan = optimizer.fit_plan
-    sampler = plan.sampler if plan is not None else None
-    return sampler.physical_batch_size if sampler is not None and plan.route != "stream" else None
+    if plan is None or not plan.marks_last_batch:
+        return None
+    return plan.sampler.physical_batch_size
 
 
 def probe_before_training(model, optimizer, per_example_loss, x, y, group=1, *, rows, method):
@@ -246,7 +251,8 @@ def probe_before_training(model, optimizer, per_example_loss, x, y, group=1, *, 
         per_example_loss: callable. `(y_true, y_pred) -> [B]`.
         x: tensor. A batch of inputs (symbolic while tracing).
         y: tensor. Its targets.
-        group: int. Rows clipped together (TF-Privacy's microbatches).
+        group: int. Rows clipped together (a user's block, TF-Privacy's
+            microbatches).
         rows: int or None. The physical batch size.
         method: str. The resolved clipping method.
     """
@@ -412,7 +418,7 @@ class DPModel(keras.Model):
 
     def fit(self, x=None, y=None, batch_size=None, epochs=1, callbacks=None,
             validation_split=0.0, validation_data=None, shuffle=True, class_weight=None,
-            sample_weight=None, steps_per_epoch=None, **kwargs):
+            sample_weight=None, steps_per_epoch=None, user_ids=None, **kwargs):
         """`keras.Model.fit` with DP-SGD batches and accounting.
 
         Arrays (numpy or tensors) are batched by tfdp (see
@@ -424,28 +430,50 @@ class DPModel(keras.Model):
         arrays' order). Either way the step is split into physical batches of
         `batch_size`, padded with weight-0 examples, and an epoch is N/B
         logical steps (`steps_per_epoch` overrides it, in logical steps).
+        Poisson steps take a random number of physical batches, so there
+        each Keras step (a callback's batch, a tick of the progress bar) is
+        one whole logical step; for fixed-size steps it is one physical
+        batch.
+
+        Under `privacy_unit="user"` (see `DPOptimizer`), `user_ids` gives
+        each example's user and N is the number of users: each logical step
+        holds each user independently with probability q = B/N, each drawn
+        user with at most `max_examples_per_user` of their examples, chosen
+        at random with the secret key and laid out as one block of that many
+        rows (padded with weight-0 rows), whose mean gradient is clipped to
+        C as one vector. `batch_size` counts rows and must be a multiple of
+        `max_examples_per_user`.
 
         Any other input (a `tf.data.Dataset`, a generator) is a stream of the
         user's batches, `gradient_accumulation_steps` per logical step,
         accounted once per pass; it must hold each example at most once per
-        epoch. Its sampler must be "shuffle": Poisson sampling needs arrays.
-        With a known N (`dataset_size`), a pass of more than N examples is
-        refused: a `tf.data.Dataset` is counted once before training
-        (`check_stream_pass`), and every epoch is counted as it runs: the
-        batch that takes the count above N releases nothing, and `fit`
-        stops with a `ValueError`.
+        epoch. Its sampler must be "shuffle": Poisson sampling needs arrays,
+        and a stream carries no user ids. With a known N (`dataset_size`), a
+        pass of more than N examples is refused: a `tf.data.Dataset` is
+        counted once before training (`check_stream_pass`), and every epoch
+        is counted as it runs: the batch that takes the count above N
+        releases nothing, and `fit` stops with a `ValueError`.
 
         In every case a logical step never spans two epochs: an unfinished
         step is discarded, unreleased, at each epoch start.
 
-        Args: as `keras.Model.fit`. `class_weight` is not supported with
-        arrays (use `sample_weight`).
+        Args: as `keras.Model.fit`, and
+            user_ids: array `[n]` or None. The user of each example (ints or
+                strings), under `privacy_unit="user"` only. Defaults to None.
+        `class_weight` is not supported with arrays (use `sample_weight`).
         """
         optimizer = self.dp_optimizer
         if self.model.built and not optimizer.built:
             optimizer.build(self.model.trainable_variables)
         callbacks = list(callbacks or [])
         common = dict(epochs=epochs, validation_data=validation_data, **kwargs)
+        by_user = optimizer.privacy_unit != "example"
+        if user_ids is not None and not by_user:
+            raise ValueError(
+                "fit(user_ids=...) is for user-level privacy: build the optimizer with "
+                "`privacy_unit='user', max_examples_per_user=k`. Received: user_ids with "
+                f"privacy_unit={optimizer.privacy_unit!r}"
+            )
         if _is_array(x):
             if class_weight is not None:
                 raise ValueError(
@@ -455,52 +483,77 @@ class DPModel(keras.Model):
             if y is None:
                 raise ValueError("A private model's fit on arrays needs targets. Received: y=None")
             if validation_split and validation_data is None:
-                (x, y, sample_weight), common["validation_data"] = (
-                    array_slicing.train_validation_split(
-                        (x, y, sample_weight), validation_split=validation_split)
-                )
+                arrays = (x, y, sample_weight) + ((user_ids,) if user_ids is not None else ())
+                arrays, common["validation_data"] = array_slicing.train_validation_split(
+                    arrays, validation_split=validation_split)
+                x, y, sample_weight = arrays[:3]
+                user_ids = arrays[3] if user_ids is not None else None
+            ids, dataset_size = None, len(x)
+            if by_user and user_ids is not None:
+                ids, dataset_size = _compact_user_ids(user_ids, len(x))
             physical = batch_size or 32  # Keras' default for arrays.
-            plan = optimizer.plan_fit(arrays=True, dataset_size=len(x),
-                                      physical_batch_size=physical, shuffle=bool(shuffle))
+            plan = optimizer.plan_fit(arrays=True, dataset_size=dataset_size,
+                                      physical_batch_size=physical, shuffle=bool(shuffle),
+                                      user_ids=ids)
+            logical_steps = steps_per_epoch or plan.steps_per_epoch
             dataset = array_batches.step_batches(
                 x, y, sample_weight, plan.sampler, optimizer.sampling_key,
-                ordered=plan.ordered, first_step=optimizer._epoch_first_step,
-                steps_per_epoch=steps_per_epoch or plan.steps_per_epoch,
+                ordered=plan.ordered, first_step=optimizer.epoch_first_step,
+                steps_per_epoch=None if plan.variable_steps else logical_steps,
             )
-            if not plan.variable_steps:
+            if plan.variable_steps:
+                # Keras counts logical steps (`make_train_function`); the
+                # dataset runs on, from step to step, across the epochs.
+                common["steps_per_epoch"] = logical_steps
+            else:
                 # N // B steps of B / P batches each: Keras knows each epoch's end.
                 dataset = dataset.apply(tf.data.experimental.assert_cardinality(
-                    (steps_per_epoch or plan.steps_per_epoch)
-                    * (plan.sampler.logical_batch_size // physical)))
-            common["callbacks"] = [_EpochBoundary(plan.variable_steps)] + callbacks
+                    logical_steps * (plan.sampler.logical_batch_size // physical)))
+            common["callbacks"] = [_EpochBoundary(
+                logical_steps if plan.variable_steps else None)] + callbacks
             common.setdefault("validation_batch_size", physical)
-            self._dp_prepare(plan, physical)
-            with warnings.catch_warnings():
-                # Poisson epochs have a random number of physical batches,
-                # so Keras finds each epoch's end by exhausting the dataset.
-                warnings.filterwarnings("ignore", message="Your input ran out of data")
-                return super().fit(dataset, shuffle=False, **common)
+            self._dp_prepare(plan, physical, logical_steps)
+            return super().fit(dataset, shuffle=False, **common)
         physical = _stream_batch_size(x, batch_size)
         plan = optimizer.plan_fit(arrays=False, physical_batch_size=physical,
                                   shuffle=bool(shuffle))
         if optimizer.pass_limit is not None and isinstance(x, tf.data.Dataset):
             check_stream_pass(x, optimizer.pass_limit)
-        self._dp_prepare(plan, physical)
+        self._dp_prepare(plan, physical, None)
         common["callbacks"] = [_EpochBoundary(check_pass=True)] + callbacks
         return super().fit(x, y, batch_size=batch_size, validation_split=validation_split,
                            shuffle=shuffle, class_weight=class_weight,
                            sample_weight=sample_weight, steps_per_epoch=steps_per_epoch,
                            **common)
 
-    def _dp_prepare(self, plan, physical_batch_size):
+    def _dp_prepare(self, plan, physical_batch_size, logical_steps):
         """Retraces the train step when the route or the mechanism changed."""
         optimizer = self.dp_optimizer
-        traced_for = (plan.route, id(optimizer.mechanism))
+        traced_for = (plan.route, plan.variable_steps, id(optimizer.mechanism))
         if getattr(self, "_dp_traced_for", None) != traced_for:
             self.train_function = None
             self._dp_traced_for = traced_for
         self._dp_marks_last = plan.marks_last_batch
         self._dp_fit_batch_size = physical_batch_size
+        self._dp_logical_steps = logical_steps if plan.variable_steps else None
+
+    def make_train_function(self, force=False):
+        """Keras' train function; for steps of random size, one call is one logical step.
+
+        A Poisson step takes a random number of physical batches, so an
+        epoch of N/B logical steps has a random number of them, which Keras'
+        epoch loop cannot know in advance. `fit` gives Keras the logical
+        steps as `steps_per_epoch` instead, and each call of this function
+        runs physical batches until the one that ends a logical step.
+        Fixed-size steps use Keras' own function (one call per physical
+        batch).
+        """
+        if self.train_function is not None and not force:
+            return self.train_function
+        if getattr(self, "_dp_logical_steps", None) is None:
+            return super().make_train_function(force=force)
+        self.train_function = _LogicalStepFunction(self)
+        return self.train_function
 
     # ------------------------------------------------------------------
     # The DP train step
@@ -534,15 +587,28 @@ class DPModel(keras.Model):
         """Epsilon after the noisy updates taken so far, at the ledger's δ.
 
         It holds for the sampler's neighbouring relation
-        (`privacy_ledger().adjacency`); `describe_epsilon` says which, with δ
-        and, for shuffled, fixed-order or streamed batches, the replace-one
-        epsilon.
+        (`privacy_ledger().adjacency`) and protects one privacy unit
+        (`privacy_ledger().privacy_unit`: an example, or all of one user's
+        data); `describe_epsilon` says which, with δ and, for shuffled,
+        fixed-order or streamed batches, the replace-one epsilon.
         """
         return self.privacy_ledger(**kwargs).epsilon()
 
     def describe_epsilon(self, **kwargs):
-        """One line: epsilon, δ, the neighbouring relation (and replace-one ε)."""
-        return self.privacy_ledger(**kwargs).describe_epsilon()
+        """One line: epsilon, δ, the neighbouring relation (and replace-one ε).
+
+        Under `privacy_unit="user"` it also names the unit, N in users and
+        the most examples of a user per step, and what example-level
+        accounting with group privacy would claim (`example_level_claim`).
+        """
+        return self.dp_optimizer.describe_epsilon(**kwargs)
+
+    def example_level_claim(self, **kwargs):
+        """Under users: what example-level accounting with group privacy would claim.
+
+        See `DPOptimizer.example_level_claim`.
+        """
+        return self.dp_optimizer.example_level_claim(**kwargs)
 
     # ------------------------------------------------------------------
     # Serialisation
@@ -595,7 +661,7 @@ def check_stream_pass(dataset, dataset_size):
 
     count = int(dataset.reduce(tf.constant(0, tf.int64), add))
     if count > dataset_size:
-        raise ValueError(dp_optimizer_lib.too_many_examples_error(
+        raise ValueError(privacy_account.too_many_examples_error(
             count, dataset_size, "Nothing was trained."))
 
 
@@ -628,34 +694,83 @@ def _stream_batch_size(x, batch_size):
     return None
 
 
-# Keras' `fit` (TensorFlow backend): its frame holds the epoch iterator.
-_KERAS_FIT = inspect.unwrap(keras_tf_trainer.TensorFlowTrainer.fit).__code__
+def _compact_user_ids(user_ids, rows):
+    """User ids 0 … N_u − 1 for `fit`'s rows, and N_u; a clear error for a bad shape."""
+    ids = np.asarray(user_ids)
+    if ids.ndim != 1 or ids.shape[0] != rows:
+        raise ValueError(
+            "fit's user_ids must hold one user per example of x. Received: user_ids of "
+            f"shape {ids.shape} for {rows} examples"
+        )
+    return user_groups.compact_user_ids(ids)
 
 
-def keras_fit_epoch_iterator():
-    """The `EpochIterator` of the Keras `fit` call on the stack, or None."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code is _KERAS_FIT:
-            return frame.f_locals.get("epoch_iterator")
-        frame = frame.f_back
-    return None
+class _LogicalStepFunction:
+    """The train function of steps of random size: one call, one logical step.
+
+    Each call runs physical batches until the one that ends a logical step
+    (its `last` flag), `steps_per_execution` logical steps per call but
+    never past the epoch's end, and returns the last batch's logs.
+
+    Args:
+        model: `DPModel`. Its `train_step` runs each physical batch.
+    """
+
+    def __init__(self, model):
+        self._model = model
+        self._left = None
+
+        # As Keras' own train function: the train step is traced as written,
+        # not rewritten by AutoGraph.
+        @tf.autograph.experimental.do_not_convert
+        def one_batch(data):
+            return model.distribute_strategy.run(model.train_step, args=(data,))
+
+        if not model.run_eagerly:
+            one_batch = tf.function(one_batch, reduce_retracing=True,
+                                    jit_compile=model.jit_compile)
+
+        @tf.autograph.experimental.do_not_convert
+        def next_batch(iterator):
+            data = iterator.get_next()
+            return one_batch(data), data[-1]
+
+        if not model.run_eagerly:
+            # Not under XLA: reading the iterator cannot be compiled.
+            next_batch = tf.function(next_batch, reduce_retracing=True)
+        self._next_batch = next_batch
+
+    def start_epoch(self, logical_steps):
+        """The epoch's logical steps, which the calls of the epoch take."""
+        self._left = int(logical_steps)
+
+    def __call__(self, iterator):
+        steps = self._model.steps_per_execution
+        if self._left is not None:
+            steps = max(1, min(steps, self._left))
+            self._left -= steps
+        logs = None
+        for _ in range(steps):
+            while True:
+                logs, last = self._next_batch(iterator)
+                if bool(last):
+                    break
+        return logs
 
 
 class _EpochBoundary(keras.callbacks.Callback):
     """Starts each epoch with an empty logical step (see `DPOptimizer.start_epoch`).
 
     Args:
-        variable_length: bool. The epochs have a random number of physical
-            batches (Poisson steps): Keras must not cut an epoch to the
-            length it learnt from the first one.
+        logical_steps: int or None. The logical steps of each epoch, when
+            each Keras step is one logical step (`make_train_function`).
         check_pass: bool. Stop with an error once a stream's pass went
             above N (`DPOptimizer.check_pass`).
     """
 
-    def __init__(self, variable_length=False, check_pass=False):
+    def __init__(self, logical_steps=None, check_pass=False):
         super().__init__()
-        self.variable_length = variable_length
+        self.logical_steps = logical_steps
         self.check_pass = check_pass
 
     def on_train_batch_end(self, batch, logs=None):
@@ -664,19 +779,9 @@ class _EpochBoundary(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self.model.dp_optimizer.start_epoch()
-        if self.variable_length:
-            # A dataset of unknown length is run to its end in the first
-            # epoch, and later ones are cut to that number of batches
-            # (`EpochIterator._num_batches`); forget it, so that each epoch
-            # runs to its own end.
-            iterator = keras_fit_epoch_iterator()
-            if iterator is None or not hasattr(iterator, "_num_batches"):
-                raise RuntimeError(
-                    "tfdp could not find the epoch iterator of Keras' fit (has "
-                    "Keras changed?); Poisson epochs would be cut short. Received: "
-                    f"keras {keras.__version__}"
-                )
-            iterator._num_batches = None
+        function = self.model.train_function
+        if self.logical_steps is not None and isinstance(function, _LogicalStepFunction):
+            function.start_epoch(self.logical_steps)
 
 
 def make_private(model):

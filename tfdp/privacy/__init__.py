@@ -12,6 +12,8 @@ Public API:
   sampler and the accountant), asked for ε at other steps, σ or δ.
 - `steps_for_epochs`: `ceil(epochs * N / B)`.
 - `default_delta`: the δ of every route when none is given.
+- `group_privacy`, `example_level_budget`, `example_level_claim`: what
+  example-level DP says about a user of k examples.
 
 Imports no TensorFlow. See `docs/PRIVACY.md` for the accounting choices.
 """
@@ -30,6 +32,10 @@ from tfdp.privacy.accounting import resolve_sampling_rate
 from tfdp.privacy.accounting import steps_for_epochs
 from tfdp.privacy.calibration import calibrate_noise
 from tfdp.privacy.calibration import max_steps_within
+from tfdp.privacy.group_privacy import describe_example_level_claim
+from tfdp.privacy.group_privacy import example_level_budget
+from tfdp.privacy.group_privacy import example_level_claim
+from tfdp.privacy.group_privacy import group_privacy
 from tfdp.privacy.ledger import PrivacyLedger
 
 __all__ = [
@@ -40,9 +46,13 @@ __all__ = [
     "PrivacyQuery",
     "calibrate_noise",
     "default_delta",
+    "describe_example_level_claim",
     "epsilon",
     "epsilon_table",
+    "example_level_budget",
+    "example_level_claim",
     "format_epsilon_table",
+    "group_privacy",
     "make_dp_event",
     "noise_truncation_delta",
     "max_steps_within",

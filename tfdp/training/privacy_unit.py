@@ -88,25 +88,6 @@ def user_sampler(train_source, *, users_per_step, physical_batch_size, k, replic
     return sampler, pad_granule
 
 
-def example_level_claim(ledger, steps, k):
-    """What example-level accounting with group privacy claims for a user of k examples.
-
-    Example-level DP-SGD with the same σ, steps and sampling rate, accounted
-    at the run's δ, then the group-privacy conversion for k examples
-    (`tfdp.dp.user_groups.group_privacy`: (kε, k·e^{(k−1)ε}·δ)).
-    """
-    example_epsilon = privacy.epsilon(
-        ledger.noise_multiplier, steps, ledger.delta, sampling_rate=ledger.sampling_rate,
-        accountant=ledger.accountant)
-    group_epsilon, group_delta = user_groups.group_privacy(example_epsilon, ledger.delta, k)
-    return {"example_epsilon": example_epsilon, "group_size": k,
-            "group_epsilon": group_epsilon, "group_delta": min(group_delta, 1.0),
-            "how": "example-level DP-SGD at the same sigma, steps and sampling rate, "
-                   "accounted at this delta, converted by group privacy for k examples: "
-                   "(k*eps, k*exp((k-1)*eps)*delta); it holds only for users with at most "
-                   "k examples"}
-
-
 def log_privacy_unit(mechanism, steps):
     """Under users: N, the users per step, k, and the group-privacy comparison."""
     sampler = mechanism.sampler
@@ -114,16 +95,13 @@ def log_privacy_unit(mechanism, steps):
         return
     k = sampler.max_examples_per_user
     ledger = mechanism.ledger()
-    claim = example_level_claim(ledger, steps, k)
+    claim = privacy.example_level_claim(ledger, k, steps)
     reporting.log(
         f"privacy unit: user (N={sampler.dataset_size} users, expected "
         f"{sampler.logical_batch_size} users per step, at most {k} examples of a user per "
         f"step); planned {ledger.describe_epsilon(steps=steps)}")
-    delta = (f"delta={claim['group_delta']:.3g}" if claim["group_delta"] < 1
-             else "delta>=1 (no guarantee)")
-    reporting.log(
-        f"for comparison, example-level accounting with group privacy for {k} examples "
-        f"would claim epsilon={claim['group_epsilon']:.4g} at {delta} ({claim['how']})")
+    reporting.log(f"for comparison, {privacy.describe_example_level_claim(claim)} "
+                  f"({claim['how']})")
 
 
 def privacy_unit_summary(ledger, steps, k):
@@ -133,5 +111,5 @@ def privacy_unit_summary(ledger, steps, k):
     unit = {"privacy_unit": ledger.privacy_unit}
     if ledger.privacy_unit == "user":
         unit["max_examples_per_user"] = k
-        unit["example_level_group_privacy"] = example_level_claim(ledger, steps, k)
+        unit["example_level_group_privacy"] = privacy.example_level_claim(ledger, k, steps)
     return unit

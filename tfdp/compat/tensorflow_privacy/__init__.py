@@ -10,7 +10,9 @@ and accounting are tfdp's:
 
 - `DPKerasSGDOptimizer`, `DPKerasAdamOptimizer`, `DPKerasAdagradOptimizer`
   (and the `VectorizedDPKeras*` names, the same classes): compile them into
-  a plain Keras model with a per-example loss (`reduction=None`).
+  a private model, `tfdp.make_private(model)` (Keras 3 hands an optimizer
+  only the gradients of the reduced loss, so a plain Keras model cannot be
+  trained privately by its optimizer alone and refuses them).
 - `DPModel`, `DPSequential`: models that clip and noise themselves; compile
   them with a plain optimizer.
 - `compute_dp_sgd_privacy_statement`, `compute_dp_sgd_privacy`: the same

@@ -122,7 +122,7 @@ class DPModel(NativeDPModel):
         return (
             type(optimizer) is DPKerasOptimizer
             and optimizer.l2_norm_clip == self._l2_norm_clip
-            and optimizer._noise_multiplier == self._noise_multiplier
+            and optimizer.tf_privacy_noise_multiplier == self._noise_multiplier
             and optimizer.num_microbatches == self._num_microbatches
             and optimizer.accumulation_steps == 1
         )

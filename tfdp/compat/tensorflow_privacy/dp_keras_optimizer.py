@@ -10,29 +10,36 @@ microbatches. Here the clipping runs on tfdp's engine (book-keeping, or
 whatever `method="auto"` picks) and the noise is tfdp's.
 
 Keras 3 optimizers never see the loss vector (Keras 2 handed it to
-`minimize`), so a plain Keras model compiled with one of these optimizers is
-made private at its first train step: the optimizer recognises Keras' own
-`train_step` as its caller, takes the batch from it and runs tfdp's DP update
-in place of the plain gradients, which are discarded. A model with its own
-`train_step` gets an error naming the fix.
+`minimize`), nor the model or the batch: Keras' `train_step` hands them the
+gradients of the reduced loss only, which cannot be clipped per example. So
+the model is made private, with one line before `compile`:
+
+```python
+model = tfdp.make_private(model)   # the DP train step; the optimizer is unchanged
+model.compile(optimizer=DPKerasSGDOptimizer(...), loss=..., metrics=[...])
+```
+
+A plain Keras model compiled with one of these optimizers gets an error
+naming that fix at its first train step, before any update.
 """
 
 import math
-import sys
 
 import keras
-from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 
 from tfdp import validation
 from tfdp.compat.tensorflow_privacy import native_route
 from tfdp.keras import DPOptimizer
-from tfdp.keras import dp_model as dp_model_lib
 
-# Keras' stock TensorFlow train step: the only caller whose locals
-# (`self`, `x`, `y`, `sample_weight`) this module reads.
-_KERAS_TRAIN_STEP = keras_tf_trainer.TensorFlowTrainer.train_step.__code__
-
-_PER_EXAMPLE_REDUCTIONS = (None, "none")
+_PLAIN_MODEL = (
+    "A TF-Privacy optimizer was asked to apply the gradients of Keras' own "
+    "`train_step` (a plain Keras model), or of a custom one. Keras 3 hands an "
+    "optimizer neither the model nor the batch, only the gradients of the "
+    "reduced loss, which cannot be clipped per example or per microbatch. Make "
+    "the model private before compiling it, keeping this optimizer: "
+    "`model = tfdp.make_private(model)`, or build it as "
+    "tensorflow_privacy.DPSequential / DPModel."
+)
 
 
 def validate_arguments(l2_norm_clip, noise_multiplier, num_microbatches=None,
@@ -62,9 +69,9 @@ class DPKerasOptimizer(DPOptimizer):
     """A `tfdp.DPOptimizer` with TF-Privacy's arguments and semantics.
 
     Usually built through `DPKerasSGDOptimizer`, `DPKerasAdamOptimizer` or
-    `DPKerasAdagradOptimizer`. Compile it into a plain Keras model (as in
-    TF-Privacy, with a per-example loss, `reduction="none"`) or into a
-    `tfdp.make_private` model.
+    `DPKerasAdagradOptimizer`. Compile it into a `tfdp.make_private(model)`
+    model (any loss reduction; the per-example loss comes from it); a plain
+    Keras model refuses it at its first train step, naming that fix.
 
     - Microbatches: a batch of `B` rows is split into `num_microbatches`
       consecutive groups; each group's mean gradient is clipped.
@@ -76,9 +83,9 @@ class DPKerasOptimizer(DPOptimizer):
       same update distribution is obtained with noise multiplier
       `noise_multiplier * sqrt(k)` on the sum of the k batches, divided by
       k times the per-step divisor. `noise_multiplier` (the attribute) is
-      that effective multiplier, and it is what the ledger accounts. A
-      logical step never spans two epochs, which needs a private model's
-      `fit`: a plain Keras model refuses k > 1.
+      that effective multiplier, and it is what the ledger accounts
+      (`tf_privacy_noise_multiplier` is TF-Privacy's). A logical step never
+      spans two epochs.
     - Batches: fixed-size shuffled ones, accounted once per pass
       (`sampler="shuffle"`); a private model's `fit` on arrays takes N // B
       full batches per pass in a secret random order.
@@ -121,74 +128,31 @@ class DPKerasOptimizer(DPOptimizer):
             name=name,
         )
         # TF-Privacy divides by the number of microbatches, not examples.
-        self._noise_divisor = None if num_microbatches is None else num_microbatches * k
+        self.mechanism_builder.set_noise_divisor(
+            None if num_microbatches is None else num_microbatches * k)
         self.num_microbatches = num_microbatches
-        # TF-Privacy's own attribute names, read by some user code.
-        self._l2_norm_clip = self.l2_norm_clip
-        self._noise_multiplier = float(noise_multiplier)
-        self._num_microbatches = num_microbatches
+
+    @property
+    def tf_privacy_noise_multiplier(self):
+        """TF-Privacy's σ of each of the k accumulated batches (σ of the ledger / √k)."""
+        return self.noise_multiplier / math.sqrt(self.accumulation_steps)
+
+    # TF-Privacy's own attribute names, read by some user code; they read
+    # the mechanism, as every other figure does.
+    _l2_norm_clip = property(lambda self: self.l2_norm_clip)
+    _noise_multiplier = property(lambda self: self.tf_privacy_noise_multiplier)
+    _num_microbatches = property(lambda self: self.num_microbatches)
 
     # ------------------------------------------------------------------
     # A plain Keras model compiled with this optimizer.
     # ------------------------------------------------------------------
 
     def apply_gradients(self, grads_and_vars):
-        """Runs tfdp's DP update for Keras' stock `train_step`; else raises.
+        """Raises: the gradients of a reduced loss cannot be made private."""
+        raise RuntimeError(_PLAIN_MODEL)
 
-        The gradients Keras computed (of the reduced loss) are not used:
-        they are neither clipped nor noised.
-        """
-        caller = sys._getframe(1)
-        model = caller.f_locals.get("self")
-        if (
-            caller.f_code is not _KERAS_TRAIN_STEP
-            or not isinstance(model, keras.Model)
-            or getattr(model, "optimizer", None) is not self
-        ):
-            raise RuntimeError(
-                "A TF-Privacy optimizer was asked to apply gradients that were "
-                "not computed per microbatch (a custom `train_step`, or a call "
-                "outside `fit`). Keras 3 optimizers never see the per-example "
-                "loss, so only Keras' own `train_step` is supported. Use "
-                "`tfdp.make_private(model)` (or "
-                "tfdp.compat.tensorflow_privacy.DPModel / DPSequential) instead."
-            )
-        _check_per_example_loss(model.loss)
-        if self.accumulation_steps > 1:
-            # Keras' own fit gives no hook at epoch starts, so a logical step
-            # could span two epochs and hold an example twice.
-            raise ValueError(
-                "gradient_accumulation_steps > 1 needs a private model's fit, which "
-                "keeps each logical step inside one epoch: use "
-                "`tfdp.make_private(model)` (compiled with this optimizer) or "
-                "tensorflow_privacy.DPSequential / DPModel. Received: "
-                f"gradient_accumulation_steps={self.accumulation_steps} on a plain "
-                "Keras model"
-            )
-        x = caller.f_locals["x"]
-        # Traced once per `fit` train function: fixes the divisor and the key.
-        physical = _fit_batch_size(x)
-        self.plan_fit(arrays=False, physical_batch_size=physical)
-        if (
-            self.num_microbatches is not None
-            and getattr(x, "shape", (None,))[0] is None
-            and model.jit_compile
-        ):
-            # The batch-size assertion that guards microbatching is dropped
-            # by XLA; refuse rather than clip with the wrong grouping.
-            raise ValueError(
-                "num_microbatches with XLA needs a static batch size, which "
-                "Keras did not trace here. Compile with `jit_compile=False`, or "
-                "use tensorflow_privacy.DPSequential / DPModel. Received: "
-                f"num_microbatches={self.num_microbatches}, jit_compile=True"
-            )
-        compile_config = getattr(model, "_compile_config", None)
-        loss_weights = compile_config.config.get("loss_weights") if compile_config else None
-        loss_fn = dp_model_lib.per_example_loss_fn(model.loss, loss_weights)
-        dp_model_lib.private_update(
-            model, self, loss_fn, x, caller.f_locals["y"], caller.f_locals["sample_weight"],
-            physical_batch_size=physical,
-        )
+    def apply(self, grads, trainable_variables=None):
+        raise RuntimeError(_PLAIN_MODEL)
 
     # ------------------------------------------------------------------
     # Accounting and serialisation.
@@ -216,7 +180,7 @@ class DPKerasOptimizer(DPOptimizer):
             "name": self.name,
             "optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
             "l2_norm_clip": self.l2_norm_clip,
-            "noise_multiplier": self._noise_multiplier,
+            "noise_multiplier": self.tf_privacy_noise_multiplier,
             "num_microbatches": self.num_microbatches,
             "gradient_accumulation_steps": self.accumulation_steps,
         }
@@ -228,42 +192,6 @@ class DPKerasOptimizer(DPOptimizer):
             config.pop("optimizer"), custom_objects=custom_objects
         )
         return DPKerasOptimizer(optimizer, **config)
-
-
-def _fit_batch_size(x):
-    """The `fit` batch size of a plain model's train step (at trace time).
-
-    The traced batch dimension when static, else the batch size of the data
-    adapter of the `fit` call on the stack (Keras traces a dynamic one when
-    N is not a multiple of it). TF-Privacy divided by the batch size too.
-    """
-    static = getattr(x, "shape", (None,))[0]
-    if static:
-        return int(static)
-    adapter = getattr(dp_model_lib.keras_fit_epoch_iterator(), "data_adapter", None)
-    size = getattr(adapter, "batch_size", None)
-    if size:
-        return int(size)
-    raise ValueError(
-        "The batch size of this fit is unknown, and it is the divisor of the "
-        "noisy sum. Pass `batch_size=` to fit or use a dataset with a static "
-        "batch dimension. Received: x with a dynamic batch dimension"
-    )
-
-
-def _check_per_example_loss(loss):
-    """TF-Privacy's optimizers need `reduction=NONE`; so do these."""
-    reduction = getattr(loss, "reduction", None)
-    if isinstance(loss, str) or (
-        isinstance(loss, keras.losses.Loss) and reduction not in _PER_EXAMPLE_REDUCTIONS
-    ):
-        raise ValueError(
-            "TF-Privacy's Keras optimizers take a per-example loss vector: "
-            "build the loss with `reduction=tf.keras.losses.Reduction.NONE` "
-            "(or `reduction=None`), e.g. `keras.losses.CategoricalCrossentropy("
-            "from_logits=True, reduction=None)`. TF-Privacy failed on a reduced "
-            f"loss as well. Received: loss={loss!r} (reduction={reduction!r})"
-        )
 
 
 def make_keras_optimizer_class(cls):
@@ -307,7 +235,7 @@ def make_keras_optimizer_class(cls):
         config = self.inner_optimizer.get_config()
         config.update(
             l2_norm_clip=self.l2_norm_clip,
-            noise_multiplier=self._noise_multiplier,
+            noise_multiplier=self.tf_privacy_noise_multiplier,
             num_microbatches=self.num_microbatches,
             gradient_accumulation_steps=self.accumulation_steps,
         )
@@ -326,9 +254,9 @@ def make_keras_optimizer_class(cls):
     doc = (
         f"TF-Privacy's `{name}`: `keras.optimizers.{cls.__name__}` with DP-SGD.\n\n"
         f"`{name}(l2_norm_clip, noise_multiplier, num_microbatches=None,\n"
-        "gradient_accumulation_steps=1, **optimizer_kwargs)`. Compile it into a\n"
-        "Keras model with a per-example loss (`reduction=None`) and call `fit`.\n"
-        "See `DPKerasOptimizer` for the semantics.\n"
+        "gradient_accumulation_steps=1, **optimizer_kwargs)`. Compile it into\n"
+        "`tfdp.make_private(model)` and call `fit`. See `DPKerasOptimizer` for\n"
+        "the semantics.\n"
     )
     klass = type(
         name,

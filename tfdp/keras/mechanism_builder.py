@@ -1,0 +1,411 @@
+"""`MechanismBuilder`: a `DPOptimizer`'s privacy request, and the `DPSGD` of each `fit`.
+
+The route of a `fit` call (arrays in random order, arrays in their order, a
+stream) and the privacy unit fix the sampler; the sampler is asked what it
+needs (random access, a random order, the user of each example) and what it
+costs; nothing here branches on a sampler's name.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from tfdp import mechanism as mechanism_lib
+from tfdp import samplers
+from tfdp import secret_key as secret_key_lib
+from tfdp.keras import fit_plan as fit_plan_lib
+from tfdp.privacy import accounting as privacy_accounting
+
+# The sampler `fit` takes when none is asked for, by privacy unit and route:
+# Poisson sampling for arrays in random order (accounted with amplification),
+# shuffle for a fixed order or a stream (the bound that holds for any order),
+# and Poisson sampling of users for user-level privacy.
+DEFAULT_SAMPLERS = {
+    ("example", fit_plan_lib.SAMPLED): "poisson",
+    ("example", fit_plan_lib.ORDERED): "shuffle",
+    ("example", fit_plan_lib.STREAM): "shuffle",
+    ("user", fit_plan_lib.SAMPLED): "user_poisson",
+}
+
+
+def privacy_units():
+    """The privacy units of the registered samplers, e.g. `("example", "user")`."""
+    return tuple(sorted({samplers.sampler_class(name).privacy_unit
+                         for name in samplers.names()}))
+
+
+def _positive_int_or_none(name, value):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer. Received: {name}={value!r}")
+    return value
+
+
+class MechanismBuilder:
+    """The privacy request of a `DPOptimizer`, and the `DPSGD` of each `fit`.
+
+    It holds one `tfdp.DPSGD` at a time, `mechanism`: the one given, or the
+    contract built from the arguments (C, σ, δ, the accountant and the
+    secret key), which each `plan` replaces with the mechanism of its
+    `fit` once the route has fixed the sampler, N and B. C, σ, the
+    accountant and the key are read from that mechanism alone; the builder
+    keeps only what a `fit` settles (B, N, δ and the sampler asked for, or
+    None for "from the inputs").
+
+    Args:
+        l2_norm_clip: float or None. C (without `mechanism`).
+        noise_multiplier: float or None. σ (without `mechanism`).
+        mechanism: `tfdp.DPSGD` or None. The whole contract; then none of the
+            other privacy arguments may be given.
+        expected_batch_size: float or None. B, in privacy units (examples,
+            or users) per logical step.
+        insecure_reproducible_seed: int or None. INSECURE public seed of the
+            key (tests only).
+        dataset_size: int or None. N, in privacy units.
+        delta: float or None. δ; None: `tfdp.privacy.default_delta(N)`.
+        sampler: str or None. A registered sampler name; None: the default
+            of the route (`DEFAULT_SAMPLERS`).
+        accountant: str. "rdp" or "pld".
+        privacy_unit: str. What ε protects: "example" or "user".
+        max_examples_per_user: int or None. k, under `privacy_unit="user"`:
+            the most examples of one user in a logical step.
+        gradient_accumulation_steps: int. `fit` batches per logical step,
+            for the default B.
+    """
+
+    def __init__(self, l2_norm_clip=None, noise_multiplier=None, *, mechanism=None,
+                 expected_batch_size=None, insecure_reproducible_seed=None, dataset_size=None,
+                 delta=None, sampler=None, accountant="rdp", privacy_unit="example",
+                 max_examples_per_user=None, gradient_accumulation_steps=1):
+        self.accumulation_steps = gradient_accumulation_steps
+        self.fit_plan = None
+        self.aggregator = None
+        self._plan_key = None
+        # TF-Privacy's microbatch divisor (`set_noise_divisor`); None: B.
+        self.noise_divisor = None
+        if mechanism is not None:
+            self._init_given(mechanism, l2_norm_clip=l2_norm_clip,
+                             noise_multiplier=noise_multiplier,
+                             expected_batch_size=expected_batch_size,
+                             insecure_reproducible_seed=insecure_reproducible_seed,
+                             dataset_size=dataset_size, delta=delta, sampler=sampler,
+                             accountant=accountant, privacy_unit=privacy_unit,
+                             max_examples_per_user=max_examples_per_user)
+            return
+        if l2_norm_clip is None or noise_multiplier is None:
+            raise ValueError(
+                "DPOptimizer needs l2_norm_clip and noise_multiplier, or a "
+                "mechanism (tfdp.DPSGD). Received: "
+                f"l2_norm_clip={l2_norm_clip}, noise_multiplier={noise_multiplier}"
+            )
+        self.given = False
+        self.privacy_unit = self._check_unit(privacy_unit, max_examples_per_user)
+        self.max_examples_per_user = max_examples_per_user
+        if sampler is not None:
+            unit = samplers.sampler_class(sampler).privacy_unit  # Unknown names raise.
+            if unit != self.privacy_unit:
+                raise ValueError(
+                    f"sampler={sampler!r} protects one {unit}, but the optimizer was asked "
+                    f"for privacy_unit={self.privacy_unit!r}. Received: sampler={sampler!r}, "
+                    f"privacy_unit={self.privacy_unit!r}"
+                )
+        self.sampler = sampler
+        self.expected_batch_size = (None if expected_batch_size is None
+                                    else float(expected_batch_size))
+        self.dataset_size = None if dataset_size is None else int(dataset_size)
+        self.delta = None if delta is None else float(delta)
+        # The contract validates C, σ, B, δ and the accountant now. Its
+        # divisor is a placeholder until `plan` knows B: no aggregator or
+        # ledger is made from it.
+        self.mechanism = mechanism_lib.DPSGD(
+            l2_norm_clip, noise_multiplier,
+            delta=self.delta or privacy_accounting.default_delta(self.dataset_size),
+            accountant=accountant,
+            expected_batch_size=(1.0 if self.expected_batch_size is None
+                                 else self.expected_batch_size),
+            secret_key=secret_key_lib.SecretKey.resolve(
+                insecure_seed=insecure_reproducible_seed),
+        )
+
+    def _init_given(self, mechanism, **others):
+        if not isinstance(mechanism, mechanism_lib.DPSGD):
+            raise ValueError(
+                f"mechanism must be a tfdp.DPSGD. Received: mechanism={mechanism!r}"
+            )
+        defaults = {"accountant": "rdp", "privacy_unit": "example"}
+        given = sorted(name for name, value in others.items()
+                       if value is not None and value != defaults.get(name, None))
+        if given:
+            raise ValueError(
+                "Pass the privacy parameters in the mechanism only, so that they "
+                f"are set in one place. Received: a mechanism and {given}"
+            )
+        self.given = True
+        self.mechanism = mechanism
+        sampler = mechanism.sampler
+        self.privacy_unit = sampler.privacy_unit if sampler is not None else "example"
+        self.max_examples_per_user = (sampler.group_size if self.privacy_unit != "example"
+                                      else None)
+        self.sampler = None
+        self.expected_batch_size = None
+        self.dataset_size = None
+        self.delta = None
+
+    @staticmethod
+    def _check_unit(privacy_unit, max_examples_per_user):
+        units = privacy_units()
+        if privacy_unit not in units:
+            raise ValueError(f"privacy_unit must be one of {units}. "
+                             f"Received: privacy_unit={privacy_unit!r}")
+        k = _positive_int_or_none("max_examples_per_user", max_examples_per_user)
+        if privacy_unit == "example" and k is not None:
+            raise ValueError(
+                "max_examples_per_user applies to privacy_unit='user' only. Received: "
+                f"privacy_unit='example', max_examples_per_user={max_examples_per_user!r}")
+        if privacy_unit != "example" and k is None:
+            raise ValueError(
+                f"privacy_unit={privacy_unit!r} needs max_examples_per_user, a positive "
+                "integer: the most examples of one user in a logical step (the others sit "
+                "that step out). Received: max_examples_per_user=None")
+        return privacy_unit
+
+    # ------------------------------------------------------------------
+
+    @property
+    def current(self):
+        """The mechanism of the last `plan`, or the given one; None before a plan."""
+        return self.mechanism if (self.given or self.fit_plan is not None) else None
+
+    def set_noise_divisor(self, divisor):
+        """Divides the noisy sum by `divisor` instead of B (TF-Privacy's microbatches).
+
+        The ledger then no longer describes the run (the microbatch
+        sensitivity differs): `tfdp.compat.tensorflow_privacy` refuses it.
+        """
+        self.noise_divisor = None if divisor is None else float(divisor)
+        self._plan_key = None
+
+    def plan(self, *, arrays, dataset_size=None, physical_batch_size=None, shuffle=True,
+             user_ids=None):
+        """Fixes the route, the sampler and the mechanism of a `fit` call.
+
+        Args:
+            arrays: bool. Whether `fit` got arrays (random access).
+            dataset_size: int or None. N of the arrays, in privacy units
+                (the number of users under `privacy_unit="user"`).
+            physical_batch_size: int or None. The `fit` batch size (rows).
+            shuffle: bool. `fit(shuffle=...)`.
+            user_ids: int array `[n]` or None. The user of each example, in
+                [0, N) (under `privacy_unit="user"`).
+
+        Returns:
+            A `FitPlan`.
+        """
+        unit = self.privacy_unit
+        if arrays:
+            route = fit_plan_lib.SAMPLED if shuffle else fit_plan_lib.ORDERED
+        else:
+            route = fit_plan_lib.STREAM
+        name = self._sampler_name(route)
+        cls = samplers.sampler_class(name)
+        if arrays and cls.amplified and not shuffle:
+            fix = ("use shuffle=True" if cls.privacy_unit != "example" else
+                   "use sampler='shuffle' (accounted without amplification), or shuffle=True")
+            raise ValueError(
+                f"fit(shuffle=False) asks for a fixed order, but sampler={name!r} draws "
+                f"random batches, accounted with amplification by sampling: {fix}. "
+                "Received: shuffle=False"
+            )
+        if not arrays and cls.needs_random_access:
+            if cls.privacy_unit != "example":
+                raise ValueError(
+                    f"privacy_unit={unit!r} draws users by Poisson sampling, which needs "
+                    "random access to every user's examples and the user of each: pass "
+                    "arrays (numpy or tensors) to fit with `user_ids=`. A tf.data input "
+                    "carries no user ids. Received: x of a streamed type"
+                )
+            drawn = "Poisson-sampled batches" if cls.amplified else "batches"
+            raise ValueError(
+                f"sampler={name!r} needs random access to the examples: pass arrays "
+                f"(numpy or tensors) to fit, which draws the {drawn} itself; a tf.data "
+                "input is accounted with sampler='shuffle'. Received: x of a streamed type"
+            )
+        if cls.privacy_unit != "example" and user_ids is None:
+            raise ValueError(
+                f"privacy_unit={unit!r} needs the user of every example: pass "
+                "`fit(x, y, user_ids=...)`. Received: user_ids=None"
+            )
+        batch, n = self._sizes(arrays, dataset_size, physical_batch_size)
+        sampler = None
+        if route in fit_plan_lib.ARRAY_ROUTES:
+            sampler = samplers.make_sampler(
+                name, dataset_size=n, logical_batch_size=batch,
+                physical_batch_size=physical_batch_size,
+                **self._sampler_options(cls, user_ids))
+        elif n:
+            # Accounting only: the per-pass bound needs N and B, not P.
+            sampler = samplers.for_accounting(name, None, dataset_size=n, batch_size=batch)
+        key = (route, sampler, batch, self.delta, self.noise_divisor)
+        if key != self._plan_key:
+            if not self.given:
+                self.mechanism = self._fit_mechanism(sampler, batch)
+            with tf.init_scope():  # May run while a train step is traced.
+                self.aggregator = self.mechanism.aggregator()
+            self._plan_key = key
+        steps = None
+        if route in fit_plan_lib.ARRAY_ROUTES:
+            steps = max(1, int(round(sampler.steps_per_epoch)))
+        self.fit_plan = fit_plan_lib.FitPlan(route, sampler, steps, name)
+        return self.fit_plan
+
+    def _sampler_name(self, route):
+        if self.given:
+            sampler = self.mechanism.sampler
+            if sampler is not None:
+                return sampler.name
+            if route in fit_plan_lib.ARRAY_ROUTES:
+                raise ValueError(
+                    "fit on arrays draws its batches with the mechanism's sampler; "
+                    "build the DPSGD with one. Received: sampler=None"
+                )
+        elif self.sampler is not None:
+            return self.sampler
+        # A unit with one sampler (users) takes it on every route, which then
+        # refuses the routes it cannot draw.
+        return DEFAULT_SAMPLERS.get((self.privacy_unit, route),
+                                    DEFAULT_SAMPLERS[(self.privacy_unit, fit_plan_lib.SAMPLED)])
+
+    def _sizes(self, arrays, dataset_size, physical_batch_size):
+        """B and N of the fit (in privacy units), checked against the request."""
+        if self.given:
+            sampler = self.mechanism.sampler
+            batch = sampler.logical_batch_size if sampler is not None else None
+            n = sampler.dataset_size if sampler is not None else None
+            if arrays and n != dataset_size:
+                raise ValueError(
+                    "The mechanism's sampler was made for another dataset size. "
+                    f"Received: sampler dataset_size={n}, fit arrays of {dataset_size}"
+                )
+            return batch, n
+        batch = self.expected_batch_size
+        if batch is None and physical_batch_size:
+            k = self.max_examples_per_user or 1
+            if physical_batch_size % k:
+                raise ValueError(
+                    f"Under privacy_unit={self.privacy_unit!r} a fit batch holds whole "
+                    "users, max_examples_per_user rows each: batch_size must be a multiple "
+                    f"of it. Received: batch_size={physical_batch_size}, "
+                    f"max_examples_per_user={k}"
+                )
+            batch = physical_batch_size // k * self.accumulation_steps
+        if batch is None:
+            raise ValueError(
+                "The DPOptimizer needs the logical batch size: pass "
+                "`expected_batch_size=` to it, or `batch_size=` to fit, or a "
+                "dataset with a static batch size. Received: no batch size"
+            )
+        n = self.dataset_size or dataset_size
+        if arrays and n != dataset_size:
+            raise ValueError(
+                "fit on arrays samples from the arrays given: N is their length "
+                "(their number of users under privacy_unit='user'). "
+                f"Received: dataset_size={self.dataset_size}, arrays of {dataset_size}"
+            )
+        return batch, n
+
+    def _sampler_options(self, cls, user_ids):
+        """The sampler's own arguments: the users of the examples, for a user sampler."""
+        if cls.privacy_unit == "example":
+            return {}
+        given = self.mechanism.sampler if self.given else None
+        if given is not None and given.user_ids is not None and not np.array_equal(
+                given.user_ids, user_ids):
+            raise ValueError(
+                "The mechanism's sampler was made for other user ids than fit's "
+                "`user_ids`. Received: user ids that differ from the sampler's"
+            )
+        return {"user_ids": user_ids, "max_examples_per_user": self.max_examples_per_user}
+
+    def _fit_mechanism(self, sampler, batch):
+        """A `DPSGD` with this fit's sampler, on the current mechanism's C, σ and key."""
+        current = self.mechanism
+        n = sampler.dataset_size if sampler is not None else None
+        kwargs = dict(delta=self.delta or privacy_accounting.default_delta(n),
+                      accountant=current.accountant, secret_key=current.secret_key)
+        if self.noise_divisor is not None:
+            # TF-Privacy's microbatch divisor: no ledger (see the compat ledger).
+            return mechanism_lib.DPSGD(current.l2_norm_clip, current.noise_multiplier,
+                                       expected_batch_size=self.noise_divisor, **kwargs)
+        if sampler is None:
+            return mechanism_lib.DPSGD(current.l2_norm_clip, current.noise_multiplier,
+                                       expected_batch_size=batch, **kwargs)
+        return mechanism_lib.DPSGD(current.l2_norm_clip, current.noise_multiplier,
+                                   sampler=sampler, **kwargs)
+
+    # ------------------------------------------------------------------
+    # Accounting.
+    # ------------------------------------------------------------------
+
+    def accounting_mechanism(self, dataset_size=None, delta=None):
+        """The mechanism to account, with N or δ overridden if asked.
+
+        Args:
+            dataset_size: int or None. Overrides N (privacy units).
+            delta: float or None. Overrides δ.
+
+        Returns:
+            A `tfdp.DPSGD` with a sampler.
+
+        Raises:
+            ValueError: before the logical batch size or N is known.
+        """
+        mech = self.current
+        if mech is None:
+            raise ValueError(
+                "The privacy ledger needs the logical batch size; pass "
+                "`expected_batch_size=` to the DPOptimizer, or "
+                "`batch_size=` to `fit`, or a dataset with a static batch size."
+            )
+        sampler = mech.sampler
+        if sampler is not None and not dataset_size and not delta:
+            return mech
+        n = dataset_size or (sampler.dataset_size if sampler else self.dataset_size)
+        if not n:
+            raise ValueError(
+                "The privacy ledger needs the dataset size N. Pass "
+                "`dataset_size=` to the DPOptimizer or the callback (it is "
+                "only inferred when `fit` is given arrays)."
+            )
+        n = int(n)
+        if sampler is not None:
+            name, batch = sampler.name, sampler.logical_batch_size
+        else:
+            name, batch = self.fit_plan.sampler_name, int(round(mech.expected_batch_size))
+        delta = (delta or self.delta or (mech.delta if self.given else None)
+                 or privacy_accounting.default_delta(n))
+        return mechanism_lib.DPSGD(
+            mech.l2_norm_clip, mech.noise_multiplier,
+            sampler=samplers.for_accounting(name, None, dataset_size=n,
+                                            batch_size=min(batch, n)),
+            delta=delta, accountant=mech.accountant, secret_key=mech.secret_key,
+        )
+
+    # ------------------------------------------------------------------
+
+    def config(self):
+        """The privacy entries of `DPOptimizer.get_config` (never the key)."""
+        mech = self.mechanism
+        sampler = mech.sampler if self.given else None
+        return {
+            "l2_norm_clip": mech.l2_norm_clip,
+            "noise_multiplier": mech.noise_multiplier,
+            "expected_batch_size": (sampler.logical_batch_size if sampler
+                                    else self.expected_batch_size),
+            "insecure_reproducible_seed": mech.secret_key.insecure_seed,
+            "dataset_size": sampler.dataset_size if sampler else self.dataset_size,
+            "delta": mech.delta if self.given else self.delta,
+            "sampler": sampler.name if sampler else self.sampler,
+            "accountant": mech.accountant,
+            "privacy_unit": self.privacy_unit,
+            "max_examples_per_user": self.max_examples_per_user,
+        }

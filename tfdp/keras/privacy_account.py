@@ -1,0 +1,148 @@
+"""`PrivacyAccount`: what a private Keras run has released, and the budget's cap.
+
+The ledger composes the noisy updates taken (`iterations`) or, for a
+streamed input, at least one whole pass per epoch that released a step; the
+budget of `tfdp.callbacks.PrivacyBudget` is enforced here, inside the train
+step, so that it holds at batch granularity; and a stream's pass is counted
+against N, since the per-pass bound needs each example at most once a pass.
+"""
+
+import tensorflow as tf
+
+
+class PrivacyAccount:
+    """The release bookkeeping of a `DPOptimizer`.
+
+    Its variables are plain `tf.Variable`s held by this object, deliberately
+    not optimizer variables, so nothing that saves the model or the
+    optimizer holds them: whether this epoch released a step, the budget set
+    by `PrivacyBudget`, and, for a stream, the examples of this epoch's
+    pass, the most one pass may hold (N) and whether this epoch went over
+    it. The count of passes that released a step is the optimizer's saved
+    variable `passes`, handed over by `build`.
+    """
+
+    def __init__(self):
+        self.passes = None
+        self.counts_passes = False
+        self._epoch_released = tf.Variable(False, trainable=False, name="dp_epoch_released")
+        self._max_steps = tf.Variable(-1, trainable=False, dtype=tf.int64, name="dp_max_steps")
+        self._pass_steps = tf.Variable(0, trainable=False, dtype=tf.int64, name="dp_pass_steps")
+        # A stream's examples in this epoch, the most one pass may hold (N;
+        # -1: not checked, e.g. tfdp's own array batches) and whether this
+        # epoch went over it (then nothing more is released).
+        self._pass_examples = tf.Variable(0, trainable=False, dtype=tf.int64,
+                                          name="dp_pass_examples")
+        self._pass_limit = tf.Variable(-1, trainable=False, dtype=tf.int64, name="dp_pass_limit")
+        self._pass_overflow = tf.Variable(False, trainable=False, name="dp_pass_overflow")
+
+    def build(self, passes):
+        """Takes the optimizer's saved count of passes that released a step."""
+        self.passes = passes
+
+    def set_route(self, counts_passes, pass_limit):
+        """Whether a stream's passes are counted, and N for its pass (or None)."""
+        self.counts_passes = bool(counts_passes)
+        with tf.init_scope():  # May run while a train step is traced.
+            self._pass_limit.assign(-1 if pass_limit is None else int(pass_limit))
+
+    @property
+    def pass_limit(self):
+        """The most examples one pass of a stream may hold (N), or None."""
+        limit = int(self._pass_limit.numpy())
+        return None if limit < 0 else limit
+
+    def start_epoch(self):
+        """A new epoch: nothing released yet, no example of its pass counted."""
+        self._epoch_released.assign(False)
+        self._pass_examples.assign(0)
+        self._pass_overflow.assign(False)
+
+    # ------------------------------------------------------------------
+    # In the traced train step.
+    # ------------------------------------------------------------------
+
+    def count_examples(self, examples):
+        """Counts a stream batch's examples against N, before any of it is released.
+
+        A pass above N holds some example twice, and none of its steps from
+        here on may be applied.
+        """
+        count = self._pass_examples.assign_add(tf.cast(examples, tf.int64))
+        over = tf.logical_and(self._pass_limit >= 0, count > self._pass_limit)
+        self._pass_overflow.assign(tf.logical_or(self._pass_overflow, over))
+
+    def release_allowed(self, step):
+        """Whether step `step` may be released: within the budget, no pass above N."""
+        new_pass = tf.where(self._epoch_released, tf.constant(0, tf.int64),
+                            tf.constant(1, tf.int64))
+        passes = tf.cast(self.passes, tf.int64) + new_pass
+        accounted = tf.maximum(step + 1, passes * self._pass_steps)
+        within = tf.logical_or(self._max_steps < 0, accounted <= self._max_steps)
+        return tf.logical_and(within, tf.logical_not(self._pass_overflow))
+
+    def record_release(self):
+        """Counts a released step (and, for a stream, its pass)."""
+        if self.counts_passes:
+            first_of_pass = tf.logical_not(self._epoch_released.read_value())
+            self.passes.assign_add(tf.cast(first_of_pass, self.passes.dtype))
+        self._epoch_released.assign(True)
+
+    # ------------------------------------------------------------------
+    # Eager.
+    # ------------------------------------------------------------------
+
+    def check_pass(self):
+        """Raises once a stream's pass has delivered more than N examples.
+
+        The batch that takes the count above N, and every later one of the
+        epoch, releases nothing, so the logical step it belongs to is never
+        applied; `fit` calls this after each batch to stop with this error.
+
+        Raises:
+            ValueError: naming N and the count.
+        """
+        if not bool(self._pass_overflow.numpy()):
+            return
+        raise ValueError(too_many_examples_error(
+            int(self._pass_examples.numpy()), int(self._pass_limit.numpy()),
+            "The logical step in progress and the rest of the pass were not applied."))
+
+    def accounted_steps(self, steps, pass_steps=None):
+        """The step count the ledger composes.
+
+        `steps` (the noisy updates), or for a streamed input at least one
+        whole pass per epoch that released a step: the per-pass bound counts
+        passes, and a stream's epochs may hold fewer than N // B steps.
+
+        Args:
+            steps: int. The noisy updates taken.
+            pass_steps: int or None. Logical steps per pass (N // B).
+        """
+        if self.counts_passes and self.passes is not None and pass_steps:
+            steps = max(steps, int(self.passes.numpy()) * int(pass_steps))
+        return steps
+
+    def set_budget(self, max_steps, pass_steps=0):
+        """Caps the accounted steps at `max_steps` (-1 removes the cap)."""
+        self._max_steps.assign(int(max_steps))
+        self._pass_steps.assign(int(pass_steps) if self.counts_passes else 0)
+
+
+def too_many_examples_error(count, dataset_size, applied):
+    """The message for a stream whose pass holds more than N examples.
+
+    Args:
+        count: int. The examples the pass delivered (so far).
+        dataset_size: int. N.
+        applied: str. What was (not) applied of that pass.
+    """
+    return (
+        f"A pass over the training stream delivered more than dataset_size={dataset_size} "
+        f"examples ({count}): it holds some example more than once per epoch "
+        "(e.g. `.repeat()` before `.batch()`, or duplicated files), so one example could "
+        "sit twice in a logical step and the per-pass privacy bound would not hold. "
+        f"{applied} Give a stream that holds each example at most once per epoch, or the "
+        f"true `dataset_size`. Received: {count} examples in one pass, "
+        f"dataset_size={dataset_size}"
+    )
