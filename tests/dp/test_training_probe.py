@@ -32,6 +32,35 @@ class MixesFrom(keras.layers.Layer):
         return {**super().get_config(), "rows": self.rows}
 
 
+class LastRowSees(keras.layers.Layer):
+    """Adds `weight` × example 0's values to the LAST example only."""
+
+    def __init__(self, weight=1e-2, **kwargs):
+        super().__init__(**kwargs)
+        self.weight = weight
+
+    def call(self, x):
+        extra = tf.one_hot(tf.shape(x)[0] - 1, tf.shape(x)[0])[:, None, None, None]
+        return x + self.weight * extra * x[:1]
+
+
+class OneValueSees(keras.layers.Layer):
+    """Moves ONE value of every other example by 1 % of example 0's first value."""
+
+    def call(self, x):
+        flat = tf.reshape(x, [tf.shape(x)[0], -1])
+        spike = tf.one_hot(7, tf.shape(flat)[1])[None, :] * 1e-2 * flat[:1, :1]
+        return tf.reshape(flat + spike * tf.cast(tf.range(tf.shape(x)[0]) > 0, x.dtype)[:, None],
+                          tf.shape(x))
+
+
+def subtle_mixing_model(layer, input_shape=(16, 16, 8)):
+    x = keras.Input(input_shape)
+    h = keras.layers.Conv2D(8, 3, padding="same")(x)
+    h = layer(h)
+    return keras.Model(x, keras.layers.Dense(3)(keras.layers.Flatten()(h)))
+
+
 def mixing_model(rows=4, input_shape=(6, 6, 1)):
     x = keras.Input(input_shape)
     h = keras.layers.Dense(5, activation="tanh")(keras.layers.Flatten()(x))
@@ -65,6 +94,17 @@ class TrainingProbeTest(dp_test_case.DPTestCase):
         model = mixing_model(4)
         report = model_probe.probe(model, tf.zeros([3, 6, 6, 1]))
         self.assertEqual(report.mixing_layer, "mixes_from_4")
+
+    def test_subtle_mixing_is_found_from_the_digests(self):
+        # The probe keeps a digest of each layer call's rows, not the rows:
+        # a change to one row of 32, or to one value in 2,048 of every row,
+        # still names the layer; the plain conv before it does not mix.
+        for layer in (LastRowSees(name="last_row_sees"), OneValueSees(name="one_value_sees")):
+            with self.subTest(layer=layer.name):
+                report = model_probe.probe(subtle_mixing_model(layer), rows=32)
+                self.assertEqual(report.mixing_layer, layer.name)
+        plain = subtle_mixing_model(keras.layers.Activation("relu", name="relu"))
+        self.assertIsNone(model_probe.probe(plain, rows=32).mixing_layer)
 
     def test_layer_mixing_from_four_rows_refused_by_the_trainer_probe(self):
         with self.assertRaisesRegex(ValueError, "Layer 'mixes_from_4' mixes examples"):

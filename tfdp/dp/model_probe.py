@@ -18,7 +18,10 @@ mix examples only in batches of some size, e.g. from 4 rows on):
   compared: a layer whose outputs for the other examples change while their
   inputs did not mixes examples (e.g. subtracts the batch mean). The random
   state of Keras layers (seed generators) is restored before each pass so
-  that dropout draws the same masks.
+  that dropout draws the same masks. Each layer call's inputs and outputs
+  are kept only as a digest of every other example's values (their largest
+  magnitude and signed sums of `DIGEST_CHUNK` values), so the probe holds
+  1/16 of a pass's activations, not two passes' worth.
 
 Results are cached per model, input signature, rows and set of trainable
 variables.
@@ -37,6 +40,15 @@ from tfdp.dp import layer_taps
 # The fewest rows a probe batch has, whatever the batch size: a layer that
 # mixes examples only from some batch size on must be probed at that size.
 MIN_PROBE_ROWS = 4
+# Values per signed sum in a layer call's digest: a row of d values is kept
+# as d / DIGEST_CHUNK sums of DIGEST_CHUNK values with fixed random signs, so
+# a change to one value moves one sum by that much (as the elementwise
+# comparison would see it), while float noise between two passes, summed
+# over DIGEST_CHUNK values, stays far below `TOLERANCE`.
+DIGEST_CHUNK = 16
+# Relative tolerance of a comparison: float noise between two passes is far
+# below it; a layer that mixes examples moves its other rows far above it.
+TOLERANCE = 1e-4
 _lock = threading.RLock()
 _cache = weakref.WeakKeyDictionary()
 
@@ -200,14 +212,18 @@ def probe_inputs(model, shape, dtype, rows, seed=0):
     return tf.constant(x, dtype), tf.constant(changed, dtype)
 
 
+# Eager Python throughout: AutoGraph, which converts what a traced train step
+# calls, would turn its float() and comparisons into graph ops.
+@tf.autograph.experimental.do_not_convert
 def _probe(model, shape, dtype, rows):
     x, changed = probe_inputs(model, shape, dtype, rows)
     state = [(v, v.numpy()) for v in model.non_trainable_variables]
+    digest = _Digester(rows)
 
     def run(inputs, training):
         for v, value in state:
             v.assign(value)
-        return _traced_forward(model, inputs, training)
+        return _traced_forward(model, inputs, training, digest)
 
     first = run(x, True)
     other = run(changed, True)
@@ -220,9 +236,66 @@ def _probe(model, shape, dtype, rows):
     return ProbeReport(_foreign_reads(model, first), mixing)
 
 
+class _Digester:
+    """Digests of batch-first tensors: what a comparison of rows 1: needs.
+
+    A tensor of `rows` rows becomes `(shape, scale, sums)`: the largest
+    magnitude of rows 1:, and each of those rows as float32 sums of
+    `DIGEST_CHUNK` consecutive values times fixed random signs (`[rows - 1,
+    ceil(d / DIGEST_CHUNK)]`). Other tensors (scalars, strings, other batch
+    sizes) become None, and comparisons skip them.
+
+    Args:
+        rows: int. The probe batch's rows.
+    """
+
+    def __init__(self, rows):
+        self.rows = rows
+        self._signs = {}
+
+    def _signs_of(self, size):
+        if size not in self._signs:
+            bits = tf.random.stateless_uniform([size], seed=[size, 0], maxval=2, dtype=tf.int32)
+            self._signs[size] = tf.cast(2 * bits - 1, tf.float32)
+        return self._signs[size]
+
+    def __call__(self, nest):
+        digests = []
+        for t in tf.nest.flatten(nest):
+            if (not isinstance(t, (tf.Tensor, tf.Variable)) or t.shape.rank in (None, 0)
+                    or t.shape[0] != self.rows or t.dtype in (tf.string, tf.bool)):
+                digests.append(None)
+                continue
+            others = tf.reshape(tf.cast(t[1:], tf.float32), [self.rows - 1, -1])
+            size = int(others.shape[1])
+            scale = float(tf.reduce_max(tf.abs(others)).numpy()) if size else 0.0
+            padded = -size % DIGEST_CHUNK
+            signed = tf.pad(others * self._signs_of(size), [[0, 0], [0, padded]])
+            sums = tf.reduce_sum(tf.reshape(signed, [self.rows - 1, -1, DIGEST_CHUNK]), axis=2)
+            digests.append((tuple(t.shape), scale, sums.numpy()))
+        return digests
+
+
+def _digests_same(a, b):
+    """Whether two digests agree on rows 1: to `TOLERANCE` of their scale."""
+    if len(a) != len(b):
+        return False
+    for u, w in zip(a, b):
+        if u is None or w is None:
+            continue
+        (shape_u, scale, sums_u), (shape_w, _, sums_w) = u, w
+        if shape_u != shape_w:
+            return False
+        if float(np.max(np.abs(sums_u - sums_w), initial=0.0)) > TOLERANCE * max(scale, 1e-6):
+            return False
+    return True
+
+
 class _Trace:
     def __init__(self):
-        self.calls = []  # (layer, inputs, outputs), in order of completion.
+        # (layer, digest of its inputs, digest of its outputs), in order of
+        # completion (see `_Digester`).
+        self.calls = []
         self.reads = {}  # id(layer) -> ids of variables the call read itself.
         self.model_reads = set()
         self.outputs = None
@@ -232,7 +305,7 @@ def _variable_id(v):
     return id(getattr(v, "_value", v))
 
 
-def _traced_forward(model, x, training):
+def _traced_forward(model, x, training, digest):
     trace = _Trace()
     thread = threading.get_ident()
     tapes = []
@@ -252,7 +325,7 @@ def _traced_forward(model, x, training):
             reads = trace.reads.setdefault(id(layer), set())
             reads.update(_variable_id(v) for v in tape.watched_variables())
             inputs = args[0] if args else next(iter(kwargs.values()), None)
-            trace.calls.append((layer, inputs, outputs))
+            trace.calls.append((layer, digest(inputs), digest(outputs)))
             return outputs
 
         return call
@@ -325,7 +398,7 @@ def _nest_same(a, b, rows):
         if ru is None or rw is None:
             continue
         scale = max(float(np.max(np.abs(ru), initial=0.0)), 1e-6)
-        if ru.shape != rw.shape or float(np.max(np.abs(ru - rw), initial=0.0)) > 1e-4 * scale:
+        if ru.shape != rw.shape or float(np.max(np.abs(ru - rw), initial=0.0)) > TOLERANCE * scale:
             return False
     return True
 
@@ -334,7 +407,7 @@ def _mixing_layer(model, first, other, rows):
     """The first layer whose outputs for examples 1: changed with same inputs."""
     if len(first.calls) == len(other.calls):
         for (layer, x_a, y_a), (_, x_b, y_b) in zip(first.calls, other.calls):
-            if _nest_same(x_a, x_b, rows) and not _nest_same(y_a, y_b, rows):
+            if _digests_same(x_a, x_b) and not _digests_same(y_a, y_b):
                 return layer.name
     if not _same(first, other, rows):
         return model.name
