@@ -73,6 +73,7 @@ def train(
     delta=None,
     accountant="rdp",
     clipping_method="auto",
+    clipping_memory_budget_mb=None,
     weight_decay=0.0,
     base_lr=0.1,
     lr_schedule="cosine",
@@ -152,6 +153,11 @@ def train(
         accountant: str. "rdp" or "pld". Defaults to "rdp".
         clipping_method: str. See `tfdp.dp.clipped_grad_sum`.
             Defaults to "auto".
+        clipping_memory_budget_mb: float or None. With "auto": the most
+            memory per device that clipping may add to non-private training
+            at the replica batch, as `tfdp.dp.plan` estimates it; "auto"
+            then picks book-keeping if it fits, else mixed, and the log says
+            why. Defaults to None (book-keeping).
         weight_decay: float. In-loss L2 (clipped with the gradient).
             Defaults to 0.
         base_lr: float. Learning rate per 256 examples. Defaults to 0.1.
@@ -265,6 +271,11 @@ def train(
     model = model_setup.build_model(
         dist, data.info, model_fn, mixed_precision=mixed_precision,
         init_checkpoint=init_checkpoint, freeze_sub_blocks=freeze_sub_blocks, dry_run=dry_run)
+    clipping_plan = None
+    if mechanism is not None:
+        clipping_plan = run_plan.make_clipping_plan(
+            model, batching, data.info, clipping_method, clipping_memory_budget_mb)
+        clipping_method = clipping_plan.method
     with dist.scope():
         warmup_steps = min(int(round(warmup_epochs * plan.sampler.steps_per_epoch)),
                            plan.total_steps - 1)
@@ -285,8 +296,7 @@ def train(
     if dry_run:
         return dry_run_lib.dry_run(
             model, step_fn, data.info, plan, batching,
-            method=clipping_method if mechanism is not None else None,
-            probe_settings=probe_settings)
+            clipping_plan=clipping_plan, probe_settings=probe_settings)
 
     # Weights, optimizer state (its iteration count is the step) and ledger;
     # the data position is that step, since batches are a pure function of
@@ -298,8 +308,8 @@ def train(
         return finished
     with open(os.path.join(out_dir, "config.gin"), "w") as f:
         f.write(gin.config_str())
-    run_plan.log_run_plan(model, plan, batching, data.info, dataset=dataset,
-                          clipping_method=clipping_method, out_dir=out_dir)
+    run_plan.log_run_plan(model, plan, batching, dataset=dataset,
+                          clipping_plan=clipping_plan, out_dir=out_dir)
     if mechanism is not None:
         from tfdp.training import guards
 

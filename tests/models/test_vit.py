@@ -34,6 +34,27 @@ class VitTest(ModelTestCase):
                 model = builder()
                 self.assertEqual(model.name, builder.__name__)
                 self.assertParamCount(model, params)
+        self.check_vit_b16_plans(model)
+
+    def check_vit_b16_plans(self, model):
+        # At a GPU's batch, mixed keeps the attention's ghost norms, not their
+        # per-example gradients or output gradients.
+        mixed = dp.plan(model, (224, 224, 3), 128, method="mixed")
+        self.assertLessEqual(mixed.memory_bytes, 2**30)
+        bk = dp.plan(model, (224, 224, 3), 128, method="bk")
+        self.assertGreater(bk.memory_bytes, 4 * 2**30)
+        # Under a budget that bk exceeds, "auto" takes mixed and says why.
+        chosen = dp.plan(model, (224, 224, 3), 128, memory_budget_mb=4096)
+        self.assertEqual(chosen.method, "mixed")
+        self.assertEqual(chosen.memory_bytes, mixed.memory_bytes)
+        self.assertRegex(chosen.reason(), r"auto chose mixed, its estimated [\d.]+ MiB fits the "
+                         r"clipping-memory budget of 4096.0 MiB \(bk needs [\d.]+ MiB\)")
+        self.assertEqual(dp.plan(model, (224, 224, 3), 128, memory_budget_mb=10**6).method, "bk")
+        tight = dp.plan(model, (224, 224, 3), 128, memory_budget_mb=1)
+        self.assertEqual(tight.method, "mixed")
+        self.assertIn("a smaller physical batch would fit", tight.reason())
+        with self.assertRaisesRegex(ValueError, "needs method='auto'"):
+            dp.plan(model, (224, 224, 3), 128, method="bk", memory_budget_mb=4096)
 
     def test_layer_scale_and_dropout(self):
         model = _tiny_vit(layer_scale=0.1, dropout=0.1)

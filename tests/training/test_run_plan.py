@@ -153,3 +153,25 @@ class ProgressTest(tf.test.TestCase):
         self.assertEqual(reporting.duration(59), "59 s")
         self.assertEqual(reporting.duration(600), "10 min")
         self.assertEqual(reporting.duration(3 * 3600), "3.0 h")
+
+
+class ClippingBudgetTest(tf.test.TestCase):
+
+    def test_a_memory_budget_makes_auto_choose_and_say_why(self):
+        from tfdp import config
+        from tfdp import train as train_lib
+
+        # mnist_default's model on 8x8 digits at batch 64 needs 0.25 MiB with
+        # bk and 0.15 MiB with mixed (`dp.plan`): a budget between takes mixed.
+        config.parse(["mnist_default.gin"], [
+            "train.dataset = 'digits'", "train.epochs = 1", "train.logical_batch_size = 128",
+            "train.physical_batch_size = 64", "train.noise_multiplier = 1.0",
+            "train.target_epsilon = None", "train.clipping_memory_budget_mb = 0.2"])
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            train_lib.train(self.create_tempdir().full_path, dry_run=True)
+        self.assertIn("DP plan: method=mixed, physical batch=64", out.getvalue())
+        self.assertRegex(out.getvalue(), r"auto chose mixed, its estimated [\d.]+ MiB fits the "
+                         r"clipping-memory budget of 0.2 MiB \(bk needs [\d.]+ MiB\)")
+        # The probe ran the chosen method.
+        self.assertIn("(method=mixed, physical batch of", out.getvalue())

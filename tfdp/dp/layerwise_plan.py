@@ -5,6 +5,11 @@ methods compute the norms layer by layer in the backward pass
 (`norm_stream`), so a layer's work memory is freed before the next layer's
 starts: the extra memory is the largest layer's work plus what is kept
 until the clipped sums are formed.
+
+Given a clipping-memory budget, "auto" picks the fastest method whose
+estimate fits: book-keeping (one backward pass, keeps output gradients or
+per-example gradients until the sums), else mixed (a second backward pass
+forms the ghost layers' sums, keeping only their norms).
 """
 
 import dataclasses
@@ -48,6 +53,10 @@ class DPPlan:
     layers: list
 
     requested: str = "auto"
+    # The clipping-memory budget "auto" chose under, in bytes, and the
+    # estimates of the methods it passed over: [(method, bytes)].
+    budget_bytes: int = None
+    passed_over: list = dataclasses.field(default_factory=list)
     # (layer name, remark) for layers accepted without a per-layer rule of
     # their own, e.g. frozen BatchNormalization (`rules.notes`).
     notes: list = dataclasses.field(default_factory=list)
@@ -83,9 +92,20 @@ class DPPlan:
                           "their own layer",
             "naive": "a loop over examples: the reference, slowest",
         }[self.method]
-        if self.requested == "auto":
+        if self.requested != "auto":
+            return f"{self.method}: {why}"
+        if self.budget_bytes is None:
             return f"auto chose {self.method}: {why}"
-        return f"{self.method}: {why}"
+        over = "; ".join(f"{method} needs {_mb(n)}" for method, n in self.passed_over)
+        fits = self.memory_bytes <= self.budget_bytes
+        budget = (f"its estimated {_mb(self.memory_bytes)} "
+                  f"{'fits' if fits else 'is the least but exceeds'} the clipping-memory "
+                  f"budget of {_mb(self.budget_bytes)}")
+        if over:
+            budget += f" ({over})"
+        if not fits:
+            budget += "; a smaller physical batch would fit"
+        return f"auto chose {self.method}, {budget}: {why}"
 
     def __str__(self):
         header = (f"{'layer':<40} {'kind':<10} {'T':>6} {'p':>6} {'D':>7} {'rule':<12} "
@@ -116,7 +136,12 @@ def _mb(n):
     return f"{n / 2**20:.1f} MiB"
 
 
-def plan(model, input_shape, batch_size, method="auto", input_dtype="float32"):
+# What "auto" tries under a memory budget, fastest first.
+BUDGET_CANDIDATES = ("bk", "mixed")
+
+
+def plan(model, input_shape, batch_size, method="auto", input_dtype="float32",
+         memory_budget_mb=None):
     """Plans per-example norm computation for each trainable layer.
 
     Args:
@@ -126,10 +151,28 @@ def plan(model, input_shape, batch_size, method="auto", input_dtype="float32"):
         method: str. A clipping method; "auto" resolves as in training.
             Defaults to "auto".
         input_dtype: str. Dtype of the probe input. Defaults to "float32".
+        memory_budget_mb: float or None. With method "auto": the most
+            clipping memory (this plan's `memory_bytes`, beyond non-private
+            training) one device may spend on `batch_size` rows. "auto" then
+            picks the first of `BUDGET_CANDIDATES` whose estimate fits, else
+            the one needing least, and `reason()` says why. Defaults to None
+            (book-keeping).
 
     Returns:
         A `DPPlan`; `print(plan)` shows the table.
+
+    Raises:
+        ValueError: for a budget that is not positive, or one given with a
+            method other than "auto".
     """
+    if memory_budget_mb is not None:
+        if method != "auto":
+            raise ValueError(
+                "A clipping-memory budget chooses the method, so it needs method='auto'. "
+                f"Received: method={method!r}, memory_budget_mb={memory_budget_mb!r}")
+        if not memory_budget_mb > 0:
+            raise ValueError(
+                f"memory_budget_mb must be > 0. Received: memory_budget_mb={memory_budget_mb!r}")
     requested = method
     method = clipping.resolve_method(model, method)
     rules.install_taps(model)
@@ -139,14 +182,33 @@ def plan(model, input_shape, batch_size, method="auto", input_dtype="float32"):
     groups = {}
     for record in recorder.records:
         groups.setdefault(id(record.layer), []).append(record)
-    layers = []
-    for records in groups.values():
-        layer = records[0].layer
-        rule = layer._tfdp_rule
-        params = sum(int(v.numpy().size) for v in layer_taps.own_trainable_variables(layer))
-        cost = rule.cost(layer, records, method, batch_size)
-        layers.append(LayerPlan(
-            layer.name, rule.name, cost.t, cost.p, cost.d, cost.mode, params,
-            cost.memory_bytes, cost.kept_bytes, pixel_gram=cost.pixel_gram, why=cost.why,
-        ))
-    return DPPlan(method, batch_size, layers, requested, rules.notes(model))
+
+    def method_plan(method):
+        layers = []
+        for records in groups.values():
+            layer = records[0].layer
+            rule = layer._tfdp_rule
+            params = sum(int(v.numpy().size) for v in layer_taps.own_trainable_variables(layer))
+            cost = rule.cost(layer, records, method, batch_size)
+            layers.append(LayerPlan(
+                layer.name, rule.name, cost.t, cost.p, cost.d, cost.mode, params,
+                cost.memory_bytes, cost.kept_bytes, pixel_gram=cost.pixel_gram, why=cost.why,
+            ))
+        return DPPlan(method, batch_size, layers, requested, rules.notes(model))
+
+    if memory_budget_mb is None or method not in BUDGET_CANDIDATES:
+        # "auto" resolved to vectorized (variables read outside their
+        # layer): no other method bounds the model.
+        return method_plan(method)
+    budget = int(memory_budget_mb * 2**20)
+    tried = []
+    for candidate in BUDGET_CANDIDATES:
+        chosen = method_plan(candidate)
+        if chosen.memory_bytes <= budget:
+            break
+        tried.append(chosen)
+    else:
+        chosen = min(tried, key=lambda p: p.memory_bytes)
+    chosen.budget_bytes = budget
+    chosen.passed_over = [(p.method, p.memory_bytes) for p in tried if p is not chosen]
+    return chosen

@@ -6,7 +6,6 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from tfdp import dp
 from tfdp.training import guards
 from tfdp.training import reporting
 
@@ -15,7 +14,7 @@ from tfdp.training import reporting
 DRY_RUN_PROBE_EXAMPLES = 8
 
 
-def dry_run(model, step_fn, info, plan, batching, *, method, probe_settings):
+def dry_run(model, step_fn, info, plan, batching, *, clipping_plan, probe_settings):
     """Two real steps on mock data of the right shapes; returns the dry run's summary.
 
     Args:
@@ -24,14 +23,15 @@ def dry_run(model, step_fn, info, plan, batching, *, method, probe_settings):
         info: `tfdp.data.DatasetInfo`.
         plan: `tfdp.training.run_plan.RunPlan`.
         batching: `tfdp.training.run_plan.Batching`.
-        method: str or None. The clipping method; None for non-private runs
-            (no plan, no probe).
+        clipping_plan: `tfdp.dp.DPPlan` or None. The run's clipping plan
+            (`run_plan.make_clipping_plan`); None for non-private runs (no
+            plan, no probe).
         probe_settings: dict. `guards.check_sensitivity`'s keyword arguments.
     """
     sampler, ledger = plan.sampler, plan.ledger
     sensitivity = None
-    if method is not None:
-        reporting.log(str(dp.plan(model, info.image_shape, batching.physical_batch_size, method)))
+    if clipping_plan is not None:
+        reporting.log(str(clipping_plan))
         # A dry run checks that the model and the loss can be probed, on a few
         # rows: at ImageNet's physical batches the full probe needs the
         # accelerators of the real run. Training probes again at its batch.

@@ -163,20 +163,29 @@ def clipping_plan_headline(clipping_plan, path):
             f"{clipping_plan.memory_bytes / 2**20:.1f} MiB; per-layer table in {path}")
 
 
-def log_run_plan(model, plan, batching, info, *, dataset, clipping_method, out_dir):
+def make_clipping_plan(model, batching, info, clipping_method, memory_budget_mb=None):
+    """The run's `tfdp.dp.DPPlan` at the batch one replica sees.
+
+    Its `method` is the one training uses: `clipping_method`, with "auto"
+    resolved (under `memory_budget_mb`, the fastest method that fits it).
+    """
+    from tfdp import dp
+
+    return dp.plan(model, info.image_shape, batching.replica_batch_size, clipping_method,
+                   memory_budget_mb=memory_budget_mb)
+
+
+def log_run_plan(model, plan, batching, *, dataset, clipping_plan, out_dir):
     """The plan lines: the clipping plan, the data and steps, the privacy contract.
 
-    The per-layer clipping table goes to `<out_dir>/clipping_plan.txt`, and
+    The per-layer clipping table of `clipping_plan` (`make_clipping_plan`;
+    None for non-private runs) goes to `<out_dir>/clipping_plan.txt`, and
     the console gets its one-line headline.
     """
     import os
 
-    from tfdp import dp
-
     sampler, mechanism = plan.sampler, plan.mechanism
     if mechanism is not None:
-        clipping_plan = dp.plan(model, info.image_shape, batching.physical_batch_size,
-                                clipping_method)
         path = os.path.join(out_dir, "clipping_plan.txt")
         with open(path, "w") as f:
             f.write(str(clipping_plan) + "\n")

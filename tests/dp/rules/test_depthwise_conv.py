@@ -12,6 +12,8 @@ from tfdp import dp
 def _model():
     inp = keras.Input((9, 9, 4))
     h = keras.layers.DepthwiseConv2D(3, padding="same", depth_multiplier=2, name="dw")(inp)
+    # More than `MAX_BATCHED_TAPS` taps: a backprop per example, not one for the batch.
+    h = keras.layers.DepthwiseConv2D(5, padding="same", name="dw_wide")(h)
     h = keras.layers.DepthwiseConv2D(3, strides=3, use_bias=False, activation="relu",
                                      name="dw_strided")(h)
     # 3×3 outputs (T = 9), 16 -> 16 channels: 2T² < p·D, a ghost pointwise norm.
@@ -32,7 +34,8 @@ class DepthwiseConvRuleTest(rule_test_case.RuleTestCase):
 
     def test_plan(self):
         by_name = {l.name: l for l in dp.plan(self.model, (9, 9, 4), 8, method="mixed").layers}
-        self.assertEqual({by_name[n].kind for n in ("dw", "dw_strided", "sep", "sep_narrow")},
+        self.assertEqual({by_name[n].kind
+                          for n in ("dw", "dw_wide", "dw_strided", "sep", "sep_narrow")},
                          {"depthwise"})
         self.assertEqual(by_name["dw"].mode, "instantiate")
         self.assertEqual((by_name["sep"].t, by_name["sep"].p, by_name["sep"].d), (9, 16, 16))

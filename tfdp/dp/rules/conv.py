@@ -284,7 +284,10 @@ class ConvFactors(layer_grads.LinearFactors):
         return super().kernel_sq_norms(mode)
 
     def per_example_kernel_grads(self):
-        if self._u is None and self._unfolded_size() > MAX_UNFOLDED_PER_EXAMPLE:
+        # A 1×1 conv's U is its input (strided): U_iᵀ G_i is one batched
+        # matmul, several times faster than a backprop per example.
+        if (self._u is None and tuple(self.layer.kernel_size) != (1, 1)
+                and self._unfolded_size() > MAX_UNFOLDED_PER_EXAMPLE):
             return conv_per_example_kernel_grads(
                 self.layer, [r.inputs for r in self.records], self.output_grads, self.k
             )
