@@ -194,7 +194,7 @@ def plan(model, input_shape, batch_size, method="auto", input_dtype="float32",
                 layer.name, rule.name, cost.t, cost.p, cost.d, cost.mode, params,
                 cost.memory_bytes, cost.kept_bytes, pixel_gram=cost.pixel_gram, why=cost.why,
             ))
-        return DPPlan(method, batch_size, layers, requested, rules.notes(model))
+        return DPPlan(method, batch_size, layers, requested, notes=rules.notes(model))
 
     if memory_budget_mb is None or method not in BUDGET_CANDIDATES:
         # "auto" resolved to vectorized (variables read outside their
