@@ -4,8 +4,9 @@ A depthwise conv is, channel by channel, a conv with D = kh·kw inputs and
 p = depth multiplier outputs over T = Ho·Wo positions. By the layer-wise
 rule of Bu et al. (2022) a ghost norm pays off only where 2T² < p·D, i.e.
 T ≤ 2 for a 3×3 kernel; the per-example gradient is small (kh·kw·C·p
-floats), so it is instantiated: one depthwise backprop for the whole batch
-with the rows moved into the channels, without unfolding the input.
+floats), so it is instantiated: up to 3×3, one depthwise backprop for the batch
+with the rows moved into the channels; larger kernels one backprop per
+example. Neither unfolds the input.
 
 A separable conv is a depthwise conv followed by a 1×1 (pointwise) conv.
 The tap records the depthwise output h; the pointwise kernel's per-example
