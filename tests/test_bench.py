@@ -72,6 +72,33 @@ class BenchCliTest(absltest.TestCase):
                          [str(k) for k in bench.BATCHES_PER_STEP])
         self.assertIn("noise_draw_s", bk)
 
+    @pytest.mark.slow
+    def test_budget_search_on_the_allocator_peak(self):
+        # On a CPU, --search_memory=tensors measures TensorFlow's allocator peak,
+        # reset per batch, so one child's ascending batches each report their own.
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", KERAS_BACKEND="tensorflow")
+        proc = subprocess.run(
+            [
+                sys.executable, "-m", "tfdp.bench", "--model=small_convnet",
+                "--image_size=28", "--channels=1", "--batch_size=32", "--max_batch_size=128",
+                "--jit_compile=off", "--methods=nonprivate", "--memory_budget_mb=1e5",
+                "--search_memory=tensors", "--search_refine=0",
+                "--child_method=nonprivate", "--child_jit=off", "--child_batches=32,64,128",
+            ],
+            capture_output=True, text=True, cwd=_REPO, env=env, timeout=600,
+        )
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        lines = bench.child_results(proc.stdout)
+        self.assertEqual([r["batch_size"] for r in lines], [32, 64, 128])
+        for r in lines:
+            self.assertEqual(r["memory"], "TensorFlow allocator peak on CPU:0")
+            self.assertTrue(r["fits"])
+        peaks = [r["peak_mb"] for r in lines]
+        # The allocator's tensors alone: a peak RSS would also hold the
+        # runtime's hundreds of MiB.
+        self.assertLess(peaks[0], peaks[2])
+        self.assertLess(peaks[2], 200.0)
+
     def test_ratios_and_table(self):
         results = [
             {"method": "nonprivate", "jit_compile": False, "step_time_s": 0.1,
@@ -195,6 +222,10 @@ class BenchCliTest(absltest.TestCase):
             [dict(found, method="nonprivate", jit_compile=False),
              dict(found, method="bk", jit_compile=False, max_batch_size=128)], 1e6)
         self.assertIn("0.50x", table)
+        self.assertIn("of peak memory (the accelerator's", table.splitlines()[0])
+        table = bench.format_search_table(
+            [dict(found, method="nonprivate", jit_compile=False)], 1e6, "tensors")
+        self.assertIn("of TensorFlow's allocator peak", table.splitlines()[0])
 
     def test_failures_name_a_smaller_batch_or_another_method(self):
         killed = bench.failure_message("vectorized", 64, returncode=-9)

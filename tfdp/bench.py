@@ -25,9 +25,13 @@ physical batches per logical step of large-batch training.
 With `--memory_budget_mb=M` the bench instead searches, for every method,
 the largest physical batch whose peak memory fits in M MiB: the
 accelerator's peak (`tf.config.experimental.get_memory_info`) when there is
-one, else the child's peak RSS. Batches double from `--batch_size` in one
-child until one does not fit (over budget, out of memory or killed), then
-`--search_refine` bisection steps, each in a fresh child, narrow the gap.
+one, else the child's peak RSS; `--search_memory=tensors` measures
+TensorFlow's allocator peak on a CPU too, which is what decides the batch
+on an accelerator (peak RSS adds the runtime and malloc's fragmentation,
+which a CPU cannot reset between batches). Batches double from
+`--batch_size` in one child until one does not fit (over budget, out of
+memory or killed), then `--search_refine` bisection steps, each in a fresh
+child, narrow the gap.
 
 A child that fails (killed by the OOM killer, out of accelerator memory,
 timed out) is reported with a message naming a smaller batch or another
@@ -96,6 +100,14 @@ def _parse_args(argv):
         "--memory_budget_mb", type=float, default=None,
         help="Search each method's largest physical batch whose peak memory (accelerator "
         "peak, else peak RSS) fits in this many MiB, instead of timing --batch_size.",
+    )
+    parser.add_argument(
+        "--search_memory", choices=("auto", "rss", "tensors"), default="auto",
+        help="What the --memory_budget_mb search measures: 'tensors', the peak of "
+        "TensorFlow's allocator (what decides the batch on an accelerator; on a CPU it "
+        "leaves out the runtime and malloc's fragmentation); 'rss', the child's peak "
+        "resident set size (CPU only); 'auto', the accelerator's allocator peak where "
+        "there is one, else peak RSS.",
     )
     parser.add_argument(
         "--max_batch_size", type=int, default=4096,
@@ -394,6 +406,11 @@ def _run_search_child(args):
     method, jit = args.child_method, args.child_jit == "on"
     _, step = _build_step(args)
     device = _accelerator()
+    if device is not None and args.search_memory == "rss":
+        raise SystemExit("--search_memory=rss measures a CPU's peak RSS; on an "
+                         f"accelerator use 'tensors' or 'auto'. Received: device {device}")
+    if device is None and args.search_memory == "tensors":
+        device = "CPU:0"
     for batch_size in (int(b) for b in args.child_batches.split(",")):
         result = {"method": method, "jit_compile": jit, "batch_size": batch_size}
         try:
@@ -410,7 +427,7 @@ def _run_search_child(args):
             return 0
         if device is not None:
             result["peak_mb"] = tf.config.experimental.get_memory_info(device)["peak"] / 2**20
-            result["memory"] = "accelerator"
+            result["memory"] = f"TensorFlow allocator peak on {device}"
         else:
             result["peak_mb"] = _peak_rss_mb()
             result["memory"] = "peak RSS"
@@ -475,7 +492,8 @@ def _child_command(args, method, jit, batch_size=None, batches=None, paired=Fals
     if batches:
         command += [f"--child_batches={','.join(str(b) for b in batches)}",
                     f"--max_batch_size={max(batches)}",
-                    f"--memory_budget_mb={args.memory_budget_mb}"]
+                    f"--memory_budget_mb={args.memory_budget_mb}",
+                    f"--search_memory={args.search_memory}"]
     return command
 
 
@@ -531,10 +549,10 @@ def _run(args, method, jit, log, batch_size=None, batches=None, paired=False):
         )
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        results = _marked(out)
+        results = child_results(out)
         return results, failure_message(method, _next_batch(results, batches, tried),
                                         timeout=args.timeout)
-    results = _marked(proc.stdout)
+    results = child_results(proc.stdout)
     if proc.returncode == 0 and results:
         return results, None
     text = (proc.stderr or "") + (proc.stdout or "")
@@ -546,7 +564,8 @@ def _run(args, method, jit, log, batch_size=None, batches=None, paired=False):
     )
 
 
-def _marked(stdout):
+def child_results(stdout):
+    """The results a bench child printed, one dict per marked line of `stdout`."""
     return [json.loads(line[len(_MARKER):]) for line in (stdout or "").splitlines()
             if line.startswith(_MARKER)]
 
@@ -659,7 +678,14 @@ def _search(args, method, jit, log):
     return result
 
 
-def format_search_table(results, budget_mb):
+_SEARCH_MEMORY = {
+    "auto": "peak memory (the accelerator's allocator peak, else peak RSS)",
+    "rss": "peak RSS",
+    "tensors": "TensorFlow's allocator peak",
+}
+
+
+def format_search_table(results, budget_mb, search_memory="auto"):
     """A text table of `_search` results, each batch against non-private's.
 
     Rows may come from several models (`results[i]["model"]`); step times
@@ -669,7 +695,8 @@ def format_search_table(results, budget_mb):
             if r["method"] == "nonprivate"}
     header = (f"{'model':<13} {'method':<11} {'xla':<4} {'max batch':>9} {'x nonpriv':>9} "
               f"{'peak MiB':>9} {'step ms':>8} {'ms/ex':>6}  stopped by")
-    lines = [f"largest physical batch within {budget_mb:.0f} MiB", header, "-" * len(header)]
+    lines = [f"largest physical batch within {budget_mb:.0f} MiB of "
+             f"{_SEARCH_MEMORY[search_memory]}", header, "-" * len(header)]
     for r in results:
         head = f"{str(r.get('model', '-')):<13} {r['method']:<11} " \
                f"{'on' if r['jit_compile'] else 'off':<4}"
@@ -867,7 +894,7 @@ def main(argv=None):
             print(json.dumps(results, indent=1))
         else:
             print(f"model={args.model} image_size={args.image_size} cpus={os.cpu_count()}")
-            print(format_search_table(results, args.memory_budget_mb))
+            print(format_search_table(results, args.memory_budget_mb, args.search_memory))
         return 0 if all(r.get("max_batch_size") for r in results) else 1
 
     results = []
