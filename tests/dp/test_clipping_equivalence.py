@@ -167,6 +167,24 @@ class ClippingEquivalenceTest(dp_test_case.DPTestCase, parameterized.TestCase):
                          {"depthwise", "dense"})
         self._check_image_model(model, 10, weight_decay=0.01)
 
+    def test_wide_depthwise_kernels_geometries(self):
+        # More than `MAX_BACKPROP_TAPS` taps: per-example gradients by correlation.
+        inp = keras.Input((20, 20, 3))
+        # A strided VALID conv that leaves the last row and column unread.
+        h = keras.layers.DepthwiseConv2D(5, strides=2, depth_multiplier=2)(inp)
+        # Odd SAME padding: one more row or column after than before.
+        h = keras.layers.DepthwiseConv2D(5, strides=2, padding="same")(h)
+        h = keras.layers.DepthwiseConv2D((4, 5), padding="same", activation="relu")(h)
+        h = keras.layers.DepthwiseConv2D((5, 3), strides=(1, 2), padding="same",
+                                         use_bias=False)(h)
+        h = keras.layers.DepthwiseConv2D(4, dilation_rate=2, padding="same")(h)
+        h = keras.layers.SeparableConv2D(8, 5, padding="same")(h)
+        h = keras.layers.GlobalAveragePooling2D()(h)
+        model = keras.Model(inp, keras.layers.Dense(3)(h))
+        self.assertEqual({l.kind for l in dp.plan(model, (20, 20, 3), 6).layers},
+                         {"depthwise", "dense"})
+        self._check_image_model(model, 20, weight_decay=0.01)
+
     def test_vectorized_refuses_what_tf_would_miscompute(self):
 
         class Projection(keras.layers.Layer):

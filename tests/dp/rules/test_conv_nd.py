@@ -48,6 +48,8 @@ class ConvRuleTest(rule_test_case.RuleTestCase):
         h = keras.layers.Conv2D(6, 1, name="pointwise")(h)
         h = keras.layers.Conv2D(6, (3, 2), groups=6, dilation_rate=(1, 2), padding="same",
                                 name="dw_dilated")(h)
+        # 12 taps: above `MAX_BACKPROP_TAPS`, the depthwise correlation route.
+        h = keras.layers.Conv2D(6, (4, 3), groups=6, padding="same", name="dw_wide")(h)
         h = keras.layers.Reshape((3, 3, 6, 1))(h)
         h = keras.layers.Conv3D(2, (2, 2, 3), strides=(1, 2, 1), padding="same", name="conv3d")(h)
         h = keras.layers.GlobalAveragePooling3D()(h)
@@ -56,10 +58,11 @@ class ConvRuleTest(rule_test_case.RuleTestCase):
         with mock.patch.object(depthwise_conv, "per_example_depthwise_grads",
                                wraps=depthwise) as spy:
             self._check(model, rule_test_case.images(6, 5, channels=4),
-                        ["grouped", "dw", "dw_dilated", "conv3d"])
-        # The two one-channel-per-group convs, for each tapped method and probe.
+                        ["grouped", "dw", "dw_dilated", "dw_wide", "conv3d"])
+        # The three one-channel-per-group convs, for each tapped method and probe.
         self.assertGreater(spy.call_count, 0)
-        self.assertEqual({c.args[0].name for c in spy.call_args_list}, {"dw", "dw_dilated"})
+        self.assertEqual({c.args[0].name for c in spy.call_args_list},
+                         {"dw", "dw_dilated", "dw_wide"})
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from tfdp import dp
 def _model():
     inp = keras.Input((9, 9, 4))
     h = keras.layers.DepthwiseConv2D(3, padding="same", depth_multiplier=2, name="dw")(inp)
-    # More than `MAX_BATCHED_TAPS` taps: a backprop per example, not one for the batch.
+    # More than `MAX_BACKPROP_TAPS` taps: the correlation route.
     h = keras.layers.DepthwiseConv2D(5, padding="same", name="dw_wide")(h)
     h = keras.layers.DepthwiseConv2D(3, strides=3, use_bias=False, activation="relu",
                                      name="dw_strided")(h)

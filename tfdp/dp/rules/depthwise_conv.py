@@ -4,9 +4,9 @@ A depthwise conv is, channel by channel, a conv with D = kh·kw inputs and
 p = depth multiplier outputs over T = Ho·Wo positions. By the layer-wise
 rule of Bu et al. (2022) a ghost norm pays off only where 2T² < p·D, i.e.
 T ≤ 2 for a 3×3 kernel; the per-example gradient is small (kh·kw·C·p
-floats), so it is instantiated: up to 3×3, one depthwise backprop for the batch
-with the rows moved into the channels; larger kernels one backprop per
-example. Neither unfolds the input.
+floats), so it is instantiated, with the rows moved into the channels, by one
+op for the batch: up to 3×3 a depthwise backprop, larger kernels a forward
+depthwise conv by the output gradient. Neither unfolds the input.
 
 A separable conv is a depthwise conv followed by a 1×1 (pointwise) conv.
 The tap records the depthwise output h; the pointwise kernel's per-example
@@ -34,22 +34,27 @@ def depthwise(layer, inputs, kernel):
     return tf.nn.depthwise_conv2d(inputs, kernel, strides, padding, dilations=dilations)
 
 
-# Kernels of at most this many taps take the batched route of
-# `per_example_depthwise_grads`. oneDNN's filter gradient of a 3×3 depthwise
-# conv with the rows in its channels is 2-2.4× faster than a backprop per
-# example from 28×28 positions down and on par at 112×112; of a 5×5 one it
-# is 2.6-5× slower (2 CPU cores, batch 16, EfficientNetB0's shapes).
-MAX_BATCHED_TAPS = 9
+# Kernels of at most this many taps take the depthwise backprop of
+# `per_example_depthwise_grads`, larger ones its correlation route. On 2 CPU
+# cores, batch 16, oneDNN's filter gradient of a 3×3 depthwise conv with the
+# rows in its channels is 1.5-3× faster than the correlation (MobileNetV2's
+# shapes); of a 5×5 or 7×7 one it is 1.1-50× slower (EfficientNetB0's and
+# ConvNeXt's shapes, 7×7 positions the worst).
+MAX_BACKPROP_TAPS = 9
 
 
 def per_example_depthwise_grads(layer, inputs, output_grads, kernel_shape, k=1):
     """Per-example depthwise kernel gradients [B, kh, kw, C, mult].
 
-    For kernels of up to `MAX_BATCHED_TAPS` taps, one depthwise backprop for
-    the whole batch, its rows moved into the channels: row r's channel c
-    becomes channel r·C + c, so the op's filter gradient [kh, kw, rows·C,
-    mult] holds every row's kernel gradient. Larger kernels take one
-    backprop per example, in a `tf.map_fn`. Neither unfolds the input.
+    Row r's gradient for channel c at tap (i, j) is Σ_{h,w} x[r, h·s + i·d,
+    w·s + j·d, c] · g[r, h, w, c·mult + m]. Both routes move the rows into
+    the channels (row r's channel c becomes channel r·C + c) and take one op
+    for the whole batch; neither unfolds the input:
+    - up to `MAX_BACKPROP_TAPS` taps, the filter gradient of the layer's
+      depthwise conv, [kh, kw, rows·C, mult];
+    - larger kernels, a forward depthwise conv of the padded input by the
+      output gradient used as a filter, dilated by the stride: its output
+      at (i, j) is the sum above.
 
     Args:
         layer: the layer (its strides, padding and dilation).
@@ -60,24 +65,14 @@ def per_example_depthwise_grads(layer, inputs, output_grads, kernel_shape, k=1):
         k: int. Rows per example. Defaults to 1.
     """
     kh, kw, channels, mult = (int(d) for d in kernel_shape)
-    if kh * kw > MAX_BATCHED_TAPS:
-        return _depthwise_grads_by_example(layer, inputs, output_grads, kernel_shape, k)
-
-    def rows_as_channels(t):
-        t = tf.cast(t, tf.float32)
-        shape = tf.shape(t)
-        t = tf.transpose(t, [1, 2, 0, 3])
-        return tf.reshape(t, [1, shape[1], shape[2], shape[0] * shape[3]])
-
+    by_correlation = kh * kw > MAX_BACKPROP_TAPS
     total = None
     for x, g in zip(inputs, output_grads):
-        rows = tf.shape(x)[0]
-        zeros = tf.zeros([kh, kw, rows * channels, mult], tf.float32)
-        with tf.GradientTape() as tape:
-            tape.watch(zeros)
-            y = depthwise(layer, rows_as_channels(x), zeros)
-        grad = tape.gradient(y, zeros, output_gradients=rows_as_channels(g))
-        grad = tf.transpose(tf.reshape(grad, [kh, kw, rows, channels, mult]), [2, 0, 1, 3, 4])
+        x, g = tf.cast(x, tf.float32), tf.cast(g, tf.float32)
+        if by_correlation:
+            grad = _depthwise_grads_by_correlation(layer, x, g, kernel_shape)
+        else:
+            grad = _depthwise_grads_by_backprop(layer, x, g, kernel_shape)
         total = grad if total is None else total + grad
     if k > 1:
         total = tf.reduce_sum(
@@ -85,28 +80,49 @@ def per_example_depthwise_grads(layer, inputs, output_grads, kernel_shape, k=1):
     return total
 
 
-def _depthwise_grads_by_example(layer, inputs, output_grads, kernel_shape, k=1):
-    """`per_example_depthwise_grads` by one depthwise backprop per example (its
-    k rows summed), in a `tf.map_fn`."""
-    def by_example(t):
-        t = tf.cast(t, tf.float32)
-        shape = tf.shape(t)
-        return tf.reshape(t, tf.concat([[shape[0] // k, k], shape[1:]], 0))
+def _rows_as_channels(t):
+    """[rows, H, W, C] -> [1, H, W, rows·C], row r's channel c at r·C + c."""
+    shape = tf.shape(t)
+    t = tf.transpose(t, [1, 2, 0, 3])
+    return tf.reshape(t, [1, shape[1], shape[2], shape[0] * shape[3]])
 
-    zeros = tf.zeros(kernel_shape, tf.float32)
 
-    def one_example(pairs):
-        total = None
-        for x_i, g_i in pairs:
-            with tf.GradientTape() as tape:
-                tape.watch(zeros)
-                y = depthwise(layer, x_i, zeros)
-            part = tape.gradient(y, zeros, output_gradients=g_i)
-            total = part if total is None else total + part
-        return total
+def _depthwise_grads_by_backprop(layer, x, g, kernel_shape):
+    kh, kw, channels, mult = (int(d) for d in kernel_shape)
+    rows = tf.shape(x)[0]
+    zeros = tf.zeros([kh, kw, rows * channels, mult], tf.float32)
+    with tf.GradientTape() as tape:
+        tape.watch(zeros)
+        y = depthwise(layer, _rows_as_channels(x), zeros)
+    grad = tape.gradient(y, zeros, output_gradients=_rows_as_channels(g))
+    return tf.transpose(tf.reshape(grad, [kh, kw, rows, channels, mult]), [2, 0, 1, 3, 4])
 
-    pairs = [(by_example(x), by_example(g)) for x, g in zip(inputs, output_grads)]
-    return tf.map_fn(one_example, pairs, fn_output_signature=tf.float32, parallel_iterations=4)
+
+def _depthwise_grads_by_correlation(layer, x, g, kernel_shape):
+    kh, kw, channels, mult = (int(d) for d in kernel_shape)
+    sh, sw = layer.strides
+    dh, dw = layer.dilation_rate
+    x_shape, g_shape = tf.shape(x), tf.shape(g)
+    rows, out_h, out_w = g_shape[0], g_shape[1], g_shape[2]
+    # The input rows and columns the layer's conv reads: TensorFlow's SAME
+    # padding (the odd one after), then a crop of what VALID leaves unread.
+    read_h = (out_h - 1) * sh + (kh - 1) * dh + 1
+    read_w = (out_w - 1) * sw + (kw - 1) * dw + 1
+    if layer.padding == "same":
+        pad_h = tf.maximum(read_h - x_shape[1], 0)
+        pad_w = tf.maximum(read_w - x_shape[2], 0)
+        x = tf.pad(x, [[0, 0], [pad_h // 2, pad_h - pad_h // 2],
+                       [pad_w // 2, pad_w - pad_w // 2], [0, 0]])
+    x = x[:, :read_h, :read_w, :]
+    # The filter [Ho, Wo, rows·C, mult]: row r's channel c, multiplier m.
+    g = tf.reshape(g, [rows, out_h, out_w, channels, mult])
+    g = tf.reshape(tf.transpose(g, [1, 2, 0, 3, 4]), [out_h, out_w, rows * channels, mult])
+    # TensorFlow takes strides or dilations above 1, not both: the layer's
+    # dilation becomes a stride over the taps afterwards.
+    grad = tf.nn.depthwise_conv2d(_rows_as_channels(x), g, [1, 1, 1, 1], "VALID",
+                                  dilations=[sh, sw])
+    grad = grad[0, ::dh, ::dw, :]
+    return tf.transpose(tf.reshape(grad, [kh, kw, rows, channels, mult]), [2, 0, 1, 3, 4])
 
 
 def _positions(records):
