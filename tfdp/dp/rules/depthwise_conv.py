@@ -69,10 +69,10 @@ def per_example_depthwise_grads(layer, inputs, output_grads, kernel_shape, k=1):
     total = None
     for x, g in zip(inputs, output_grads):
         x, g = tf.cast(x, tf.float32), tf.cast(g, tf.float32)
-        if by_correlation:
-            grad = _depthwise_grads_by_correlation(layer, x, g, kernel_shape)
-        else:
-            grad = _depthwise_grads_by_backprop(layer, x, g, kernel_shape)
+        route = _depthwise_grads_by_correlation if by_correlation else _depthwise_grads_by_backprop
+        # Both routes give tap-major gradients, channel r·C + c holding row r's c.
+        grad = tf.reshape(route(layer, x, g, kernel_shape), [kh, kw, -1, channels, mult])
+        grad = tf.transpose(grad, [2, 0, 1, 3, 4])
         total = grad if total is None else total + grad
     if k > 1:
         total = tf.reduce_sum(
@@ -94,8 +94,7 @@ def _depthwise_grads_by_backprop(layer, x, g, kernel_shape):
     with tf.GradientTape() as tape:
         tape.watch(zeros)
         y = depthwise(layer, _rows_as_channels(x), zeros)
-    grad = tape.gradient(y, zeros, output_gradients=_rows_as_channels(g))
-    return tf.transpose(tf.reshape(grad, [kh, kw, rows, channels, mult]), [2, 0, 1, 3, 4])
+    return tape.gradient(y, zeros, output_gradients=_rows_as_channels(g))
 
 
 def _depthwise_grads_by_correlation(layer, x, g, kernel_shape):
@@ -121,8 +120,7 @@ def _depthwise_grads_by_correlation(layer, x, g, kernel_shape):
     # dilation becomes a stride over the taps afterwards.
     grad = tf.nn.depthwise_conv2d(_rows_as_channels(x), g, [1, 1, 1, 1], "VALID",
                                   dilations=[sh, sw])
-    grad = grad[0, ::dh, ::dw, :]
-    return tf.transpose(tf.reshape(grad, [kh, kw, rows, channels, mult]), [2, 0, 1, 3, 4])
+    return grad[0, ::dh, ::dw, :]
 
 
 def _positions(records):
