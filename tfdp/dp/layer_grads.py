@@ -218,11 +218,35 @@ class LinearFactors:
         return tf.reshape(tf.reduce_sum(weighted, 0), self.layer.bias.shape)
 
 
-def linear_norm_mode(t, p, d, method):
-    """The layer-wise rule of Bu et al. (2022): ghost where 2T² < p·D."""
+def linear_norm_mode(t, p, d, method, ghost_kept=None):
+    """The layer-wise rule of Bu et al. (2022): ghost where 2T² < p·D.
+
+    Under "bk" a layer is also instantiated where its per-example gradient
+    (D·p floats per example) is no larger than `ghost_kept`, what bk would
+    keep per example for the layer's ghost-norm sum Uᵀ(c·G): its input and
+    output gradient, alive until the clipping coefficients are known. There
+    the per-example gradients replace that sum's matmul, so instantiating
+    saves the Gram matrices' work, T²(D + p) per example, and keeps no more
+    (attention projections at T ≥ D/2, e.g. ViT-S/16's at T = 197, D = 384).
+
+    Args:
+        t, p, d: int. Positions, output width and input width of the layer.
+        method: str. The clipping method.
+        ghost_kept: int or None. Floats per example bk keeps for the layer's
+            ghost sum; None where instantiating is not cheaper in time (a
+            conv's per-example gradients come from a backprop per example).
+            Defaults to None.
+
+    Returns:
+        `GHOST` or `INSTANTIATE`.
+    """
     if method == "ghost" or t == 1:
         return GHOST
-    return GHOST if 2 * t * t < p * d else INSTANTIATE
+    if 2 * t * t >= p * d:
+        return INSTANTIATE
+    if method == "bk" and ghost_kept is not None and d * p <= ghost_kept:
+        return INSTANTIATE
+    return GHOST
 
 
 def linear_dims(layer, records):

@@ -60,6 +60,30 @@ class EinsumDenseRuleTest(rule_test_case.RuleTestCase):
                                     if v.path.endswith("kernel")],
         )
 
+    def test_bk_instantiates_projections_that_keep_no_more_than_a_ghost_sum(self):
+        # T = 20 positions, D = p = 32: 2T² < pD, so the layer-wise rule
+        # takes ghost norms; but the per-example gradient (pD = 1024 floats)
+        # is no larger than the input and output gradient that bk keeps for
+        # a ghost sum (T(D + p) = 1280), so bk instantiates it instead.
+        keras.utils.set_random_seed(6)
+        inp = keras.Input((20, 32))
+        attention = keras.layers.MultiHeadAttention(4, 8, name="mha")
+        h = attention(inp, inp)
+        attention._key_dense.bias.trainable = False  # As in `_attention_model`.
+        h = keras.layers.Dense(32, name="dense")(h)  # The same rule through `Dense`.
+        h = keras.layers.GlobalAveragePooling1D()(h)
+        model = keras.Model(inp, keras.layers.Dense(3, name="head")(h))
+        bk = {l.name: l for l in dp.plan(model, (20, 32), 4, method="bk").layers}
+        mixed = {l.name: l for l in dp.plan(model, (20, 32), 4, method="mixed").layers}
+        for name in ("query", "key", "value", "attention_output", "dense"):
+            self.assertEqual((bk[name].mode, mixed[name].mode), ("instantiate", "ghost"), name)
+            self.assertEqual(bk[name].why, "2T²<pD, but bk: pD≤input+output")
+            self.assertEqual(bk[name].kept_bytes, 4 * 32 * 32 * 4)  # B·D·p floats.
+        x = tf.constant(np.random.default_rng(2).normal(size=(6, 20, 32)), tf.float32)
+        self.assert_rule_matches_naive(model, x * [[[1.0]], [[5.0]], [[1.0]], [[1.0]], [[1.0]],
+                                                   [[1.0]]], tf.constant([0, 1, 2, 0, 1, 2]),
+                                       "einsum_dense", sample_weight=rule_test_case.weights(6))
+
     def test_rows_per_example(self):
         x, y = _sequences(8, seed=1), tf.constant(np.repeat([0, 1, 2, 0], 2))
         loss = dp_test_case.per_example_xent

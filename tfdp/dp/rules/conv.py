@@ -380,6 +380,11 @@ class Conv2DRule(linear.LinearRule):
 
         return call
 
+    def ghost_kept_floats(self, layer, records):
+        # A conv's per-example gradients mostly come from a filter backprop
+        # per example, slower than its ghost norm: the layer-wise rule alone.
+        return None
+
     def pixel_gram_floats(self, layer, records):
         geometry = pixel_gram_geometry(
             layer, [r.inputs.shape for r in records], [r.outputs.shape for r in records]

@@ -5,6 +5,8 @@ gradient G_i, T×p). Its norm is a ghost norm or instantiated by the layer-wise
 rule of Bu et al. (2022); see `layer_grads`.
 """
 
+import math
+
 import tensorflow as tf
 
 from tfdp.dp import layer_grads
@@ -19,10 +21,11 @@ class LinearClip(registry.LayerClip):
         self.layer = layer
         self.factors = rule.factors(layer, records, output_grads, context.k)
         t, p, d = rule.dims(layer, records)
-        self.mode = layer_grads.linear_norm_mode(t, p, d, context.method)
+        self.mode = layer_grads.linear_norm_mode(
+            t, p, d, context.method, rule.ghost_kept_floats(layer, records))
         self.variables = layer_taps.own_trainable_variables(layer)
-        # Instantiated per-example gradients are kept for the sum (by the
-        # layer-wise rule they are small), so a second backward pass need not
+        # Instantiated per-example gradients are kept for the sum (they are
+        # small by the layer-wise rule or bk's exception), so a second backward pass need not
         # reach this layer. Under mixed precision that pass would compute
         # U_iᵀ G_i in bfloat16 while the norm is float32: the sum then comes
         # from here too.
@@ -69,8 +72,9 @@ class LinearRule(registry.Rule):
 
     def cost(self, layer, records, method, batch_size):
         t, p, d = self.dims(layer, records)
+        ghost_kept = self.ghost_kept_floats(layer, records)
         if method in registry.TAPPED_METHODS:
-            mode = layer_grads.linear_norm_mode(t, p, d, method)
+            mode = layer_grads.linear_norm_mode(t, p, d, method, ghost_kept)
         else:
             mode = layer_grads.INSTANTIATE
         pixel_gram = None
@@ -88,11 +92,26 @@ class LinearRule(registry.Rule):
             # one example at a time, with no unfolded input.
             memory = batch_size * d * p
         kept = batch_size * (t * p if mode == layer_grads.GHOST else d * p)
-        why = (registry.layerwise_why(t, p, d, method) if method in registry.TAPPED_METHODS
+        why = (registry.layerwise_why(t, p, d, method, ghost_kept)
+               if method in registry.TAPPED_METHODS
                else f"method={method}")
         return registry.Cost(
             t, p, d, mode, memory * registry.BYTES, kept * registry.BYTES,
             pixel_gram=bool(pixel_gram), why=why,
+        )
+
+    def ghost_kept_floats(self, layer, records):
+        """Floats per example that bk keeps for the layer's ghost-norm sum, or None.
+
+        The sum Uᵀ(c·G) needs each call's input and output gradient until the
+        clipping coefficients are known; where the per-example gradient is no
+        larger, bk instantiates it (`layer_grads.linear_norm_mode`). None
+        leaves the choice to the layer-wise rule alone.
+        """
+        return sum(
+            math.prod(int(s) for s in record.inputs.shape[1:])
+            + math.prod(int(s) for s in record.outputs.shape[1:])
+            for record in records
         )
 
     def pixel_gram_floats(self, layer, records):

@@ -90,13 +90,17 @@ def notes(model):
     return found
 
 
-def layerwise_why(t, p, d, method):
+def layerwise_why(t, p, d, method, ghost_kept=None):
     """Why `layer_grads.linear_norm_mode` chose its mode, for `dp.plan`."""
     if method == "ghost":
         return "method=ghost"
     if t == 1:
         return "T=1"
-    return "2T²<pD" if 2 * t * t < p * d else "2T²≥pD"
+    if 2 * t * t >= p * d:
+        return "2T²≥pD"
+    if method == "bk" and ghost_kept is not None and d * p <= ghost_kept:
+        return "2T²<pD, but bk: pD≤input+output"
+    return "2T²<pD"
 
 
 def install_taps(model):
