@@ -65,11 +65,11 @@ def per_example_depthwise_grads(layer, inputs, output_grads, kernel_shape, k=1):
         k: int. Rows per example. Defaults to 1.
     """
     kh, kw, channels, mult = (int(d) for d in kernel_shape)
-    by_correlation = kh * kw > MAX_BACKPROP_TAPS
+    route = (_depthwise_grads_by_correlation if kh * kw > MAX_BACKPROP_TAPS
+             else _depthwise_grads_by_backprop)
     total = None
     for x, g in zip(inputs, output_grads):
         x, g = tf.cast(x, tf.float32), tf.cast(g, tf.float32)
-        route = _depthwise_grads_by_correlation if by_correlation else _depthwise_grads_by_backprop
         # Both routes give tap-major gradients, channel r·C + c holding row r's c.
         grad = tf.reshape(route(layer, x, g, kernel_shape), [kh, kw, -1, channels, mult])
         grad = tf.transpose(grad, [2, 0, 1, 3, 4])

@@ -25,10 +25,10 @@ class LinearClip(registry.LayerClip):
             t, p, d, context.method, rule.ghost_kept_floats(layer, records))
         self.variables = layer_taps.own_trainable_variables(layer)
         # Instantiated per-example gradients are kept for the sum (they are
-        # small by the layer-wise rule or bk's exception), so a second backward pass need not
-        # reach this layer. Under mixed precision that pass would compute
-        # U_iᵀ G_i in bfloat16 while the norm is float32: the sum then comes
-        # from here too.
+        # small by the layer-wise rule or bk's exception), so a second
+        # backward pass need not reach this layer. Under mixed precision that
+        # pass would compute U_iᵀ G_i in bfloat16 while the norm is float32:
+        # the sum then comes from here too.
         self.from_backward = (
             registry.is_float32(layer) and self.mode == layer_grads.GHOST
         )

@@ -16,6 +16,7 @@ import dataclasses
 
 import tensorflow as tf
 
+from tfdp.dp import layer_grads
 from tfdp.dp import layer_taps
 
 _RULES = {}  # Layer class -> rules registered for it, latest first.
@@ -98,7 +99,7 @@ def layerwise_why(t, p, d, method, ghost_kept=None):
         return "T=1"
     if 2 * t * t >= p * d:
         return "2T²≥pD"
-    if method == "bk" and ghost_kept is not None and d * p <= ghost_kept:
+    if layer_grads.linear_norm_mode(t, p, d, method, ghost_kept) == layer_grads.INSTANTIATE:
         return "2T²<pD, but bk: pD≤input+output"
     return "2T²<pD"
 
