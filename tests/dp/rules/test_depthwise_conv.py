@@ -7,6 +7,7 @@ import tensorflow as tf
 from tests.dp import dp_test_case
 from tests.dp.rules import rule_test_case
 from tfdp import dp
+from tfdp.dp.rules import depthwise_conv
 
 
 def _model():
@@ -20,6 +21,8 @@ def _model():
     h = keras.layers.SeparableConv2D(16, 3, padding="same", depth_multiplier=2, name="sep")(h)
     # Few outputs: the pointwise kernel is instantiated.
     h = keras.layers.SeparableConv2D(2, 2, dilation_rate=1, name="sep_narrow")(h)
+    # A 3×3 kernel over a 2×2 input: the correlation route (`takes_backprop_route`).
+    h = keras.layers.DepthwiseConv2D(3, padding="same", name="dw_small_input")(h)
     h = keras.layers.GlobalAveragePooling2D()(h)
     return keras.Model(inp, keras.layers.Dense(3, name="head")(h))
 
@@ -35,12 +38,26 @@ class DepthwiseConvRuleTest(rule_test_case.RuleTestCase):
     def test_plan(self):
         by_name = {l.name: l for l in dp.plan(self.model, (9, 9, 4), 8, method="mixed").layers}
         self.assertEqual({by_name[n].kind
-                          for n in ("dw", "dw_wide", "dw_strided", "sep", "sep_narrow")},
+                          for n in ("dw", "dw_wide", "dw_strided", "sep", "sep_narrow", "dw_small_input")},
                          {"depthwise"})
         self.assertEqual(by_name["dw"].mode, "instantiate")
         self.assertEqual((by_name["sep"].t, by_name["sep"].p, by_name["sep"].d), (9, 16, 16))
         self.assertEqual(by_name["sep"].mode, "ghost")
         self.assertEqual(by_name["sep_narrow"].mode, "instantiate")
+
+    def test_route_by_kernel_and_input_size(self):
+        route = depthwise_conv.takes_backprop_route
+        layers = {n: self.model.get_layer(n) for n in ("dw", "dw_wide", "dw_small_input")}
+        shapes = {n: layer.input.shape for n, layer in layers.items()}
+        self.assertTrue(route(layers["dw"], [shapes["dw"]], layers["dw"].kernel.shape))
+        self.assertFalse(route(layers["dw_wide"], [shapes["dw_wide"]],
+                               layers["dw_wide"].kernel.shape))
+        small = layers["dw_small_input"]
+        self.assertEqual(tuple(shapes["dw_small_input"][1:3]), (2, 2))
+        self.assertFalse(route(small, [shapes["dw_small_input"]], small.kernel.shape))
+        # Every call must fit the kernel; unknown sizes count as fitting.
+        self.assertFalse(route(small, [(4, 3, 3, 2), (4, 2, 2, 2)], small.kernel.shape))
+        self.assertTrue(route(small, [(4, 3, 3, 2), (None, None, None, 2)], small.kernel.shape))
 
     def test_matches_naive_with_weight_decay(self):
         self.assert_rule_matches_naive(

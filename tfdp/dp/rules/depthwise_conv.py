@@ -5,8 +5,9 @@ p = depth multiplier outputs over T = Ho·Wo positions. By the layer-wise
 rule of Bu et al. (2022) a ghost norm pays off only where 2T² < p·D, i.e.
 T ≤ 2 for a 3×3 kernel; the per-example gradient is small (kh·kw·C·p
 floats), so it is instantiated, with the rows moved into the channels, by one
-op for the batch: up to 3×3 a depthwise backprop, larger kernels a forward
-depthwise conv by the output gradient. Neither unfolds the input.
+op for the batch: up to 3×3 a depthwise backprop where the kernel fits in
+the input, otherwise a forward depthwise conv by the output gradient
+(`takes_backprop_route`). Neither unfolds the input.
 
 A separable conv is a depthwise conv followed by a 1×1 (pointwise) conv.
 The tap records the depthwise output h; the pointwise kernel's per-example
@@ -43,6 +44,34 @@ def depthwise(layer, inputs, kernel):
 MAX_BACKPROP_TAPS = 9
 
 
+def takes_backprop_route(layer, input_shapes, kernel_shape):
+    """Whether `per_example_depthwise_grads` takes the backprop route, else the correlation.
+
+    The backprop route needs a kernel of at most `MAX_BACKPROP_TAPS` taps and
+    inputs at least as large as the kernel's reach: where "same" padding
+    makes the kernel overhang a smaller input on both sides, oneDNN's filter
+    gradient is 25-250× slower than the correlation (2 CPU cores, 3×3, 1×1
+    and 2×2 inputs, 192-960 channels, batch 16-128: 8-346 against 0.7-2.7 ms;
+    MobileNetV2 at 32 px, batch 128, spent 14× the non-private step there).
+
+    Args:
+        layer: the layer (its dilation).
+        input_shapes: the depthwise inputs' shapes [B·k, H, W, C], one per
+            call; unknown sizes count as large enough.
+        kernel_shape: the depthwise kernel's shape.
+    """
+    kh, kw = int(kernel_shape[0]), int(kernel_shape[1])
+    if kh * kw > MAX_BACKPROP_TAPS:
+        return False
+    dh, dw = layer.dilation_rate
+    reach_h, reach_w = (kh - 1) * dh + 1, (kw - 1) * dw + 1
+    return not any(
+        (shape[1] is not None and shape[1] < reach_h)
+        or (shape[2] is not None and shape[2] < reach_w)
+        for shape in input_shapes
+    )
+
+
 def per_example_depthwise_grads(layer, inputs, output_grads, kernel_shape, k=1):
     """Per-example depthwise kernel gradients [B, kh, kw, C, mult].
 
@@ -50,11 +79,12 @@ def per_example_depthwise_grads(layer, inputs, output_grads, kernel_shape, k=1):
     w·s + j·d, c] · g[r, h, w, c·mult + m]. Both routes move the rows into
     the channels (row r's channel c becomes channel r·C + c) and take one op
     for the whole batch; neither unfolds the input:
-    - up to `MAX_BACKPROP_TAPS` taps, the filter gradient of the layer's
-      depthwise conv, [kh, kw, rows·C, mult];
-    - larger kernels, a forward depthwise conv of the padded input by the
-      output gradient used as a filter, dilated by the stride: its output
-      at (i, j) is the sum above.
+    - the filter gradient of the layer's depthwise conv, [kh, kw, rows·C,
+      mult], for small kernels on inputs they fit in
+      (`takes_backprop_route`);
+    - else a forward depthwise conv of the padded input by the output
+      gradient used as a filter, dilated by the stride: its output at
+      (i, j) is the sum above.
 
     Args:
         layer: the layer (its strides, padding and dilation).
@@ -65,8 +95,9 @@ def per_example_depthwise_grads(layer, inputs, output_grads, kernel_shape, k=1):
         k: int. Rows per example. Defaults to 1.
     """
     kh, kw, channels, mult = (int(d) for d in kernel_shape)
-    route = (_depthwise_grads_by_correlation if kh * kw > MAX_BACKPROP_TAPS
-             else _depthwise_grads_by_backprop)
+    route = (_depthwise_grads_by_backprop
+             if takes_backprop_route(layer, [x.shape for x in inputs], kernel_shape)
+             else _depthwise_grads_by_correlation)
     total = None
     for x, g in zip(inputs, output_grads):
         x, g = tf.cast(x, tf.float32), tf.cast(g, tf.float32)
