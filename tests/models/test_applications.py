@@ -73,7 +73,7 @@ class ApplicationsTest(BoundedTestCase):
 
 @pytest.mark.slow
 class LargerApplicationsTest(BoundedTestCase):
-    """EfficientNetB0, ConvNeXtTiny and DenseNet121: minutes on 2 cores."""
+    """The larger applications, and others by constructor name: minutes on 2 cores."""
 
     def test_each_is_accepted_and_bounded(self):
         for name in ("efficientnet_b0", "convnext_tiny", "densenet121"):
@@ -84,4 +84,22 @@ class LargerApplicationsTest(BoundedTestCase):
                 plan = dp.plan(model, _SHAPE, 2, method="bk")
                 self.assertEqual(
                     {layer.name for layer in plan.layers if layer.kind == "generic"}, set())
+                keras.backend.clear_session()
+
+    def test_other_constructors_by_name(self):
+        # Any keras.applications constructor, by its name (docs/FINETUNING.md).
+        # 75 px: InceptionV3's smallest input.
+        shape = (75, 75, 3)
+        for name in ("MobileNet", "MobileNetV3Small", "EfficientNetV2B0", "ResNet50V2",
+                     "VGG16", "Xception", "InceptionV3"):
+            with self.subTest(name):
+                model = models.keras_application(name, 10, shape)
+                self.assertNoBatchNorm(model)
+                plan = dp.plan(model, shape, 2, method="bk")
+                self.assertEqual(
+                    {layer.name for layer in plan.layers if layer.kind == "generic"}, set())
+                x = np.random.default_rng(0).uniform(0, 255, (2,) + shape).astype("float32")
+                figure = dp.check_sensitivity(model, _xent, (x, np.array([1, 2])), 1e-3, "bk")
+                self.assertLessEqual(figure, 1 + 1e-4)
+                self.assertGreater(figure, 0.5)
                 keras.backend.clear_session()
