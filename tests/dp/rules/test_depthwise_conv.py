@@ -23,6 +23,11 @@ def _model():
     h = keras.layers.SeparableConv2D(2, 2, dilation_rate=1, name="sep_narrow")(h)
     # A 3×3 kernel over a 2×2 input: the correlation route (`takes_backprop_route`).
     h = keras.layers.DepthwiseConv2D(3, padding="same", name="dw_small_input")(h)
+    # One output position (T = 1): 2T² < p·D per channel, ghost norms, from
+    # the input taps of a stride that skips a row and a column.
+    h = keras.layers.DepthwiseConv2D(3, strides=2, padding="same", depth_multiplier=2,
+                                     name="dw_one_position")(h)
+    h = keras.layers.SeparableConv2D(4, 3, padding="same", name="sep_one_position")(h)
     h = keras.layers.GlobalAveragePooling2D()(h)
     return keras.Model(inp, keras.layers.Dense(3, name="head")(h))
 
@@ -38,12 +43,23 @@ class DepthwiseConvRuleTest(rule_test_case.RuleTestCase):
     def test_plan(self):
         by_name = {l.name: l for l in dp.plan(self.model, (9, 9, 4), 8, method="mixed").layers}
         self.assertEqual({by_name[n].kind
-                          for n in ("dw", "dw_wide", "dw_strided", "sep", "sep_narrow", "dw_small_input")},
+                          for n in ("dw", "dw_wide", "dw_strided", "sep", "sep_narrow", "dw_small_input",
+                                       "dw_one_position", "sep_one_position")},
                          {"depthwise"})
         self.assertEqual(by_name["dw"].mode, "instantiate")
         self.assertEqual((by_name["sep"].t, by_name["sep"].p, by_name["sep"].d), (9, 16, 16))
         self.assertEqual(by_name["sep"].mode, "ghost")
         self.assertEqual(by_name["sep_narrow"].mode, "instantiate")
+        self.assertEqual(by_name["dw_small_input"].mode, "instantiate")
+        for name in ("dw_one_position", "sep_one_position"):
+            self.assertEqual(by_name[name].t, 1)
+            self.assertEqual(by_name[name].mode, "ghost")
+            self.assertRegex(by_name[name].why, "^depthwise: T=1, 2T²<pD per channel")
+        # bk keeps the input and output gradient of a ghost depthwise kernel
+        # (2×2×2 and 1×1×4 per example), not its 3×3×2×2 gradient.
+        bk = {l.name: l for l in dp.plan(self.model, (9, 9, 4), 8, method="bk").layers}
+        self.assertEqual(bk["dw_one_position"].kept_bytes, 8 * (8 + 4) * 4)
+        self.assertEqual(bk["dw_small_input"].kept_bytes, 8 * 3 * 3 * 2 * 4)
 
     def test_route_by_kernel_and_input_size(self):
         route = depthwise_conv.takes_backprop_route
@@ -58,6 +74,36 @@ class DepthwiseConvRuleTest(rule_test_case.RuleTestCase):
         # Every call must fit the kernel; unknown sizes count as fitting.
         self.assertFalse(route(small, [(4, 3, 3, 2), (4, 2, 2, 2)], small.kernel.shape))
         self.assertTrue(route(small, [(4, 3, 3, 2), (None, None, None, 2)], small.kernel.shape))
+
+    def test_ghost_factors_equal_instantiated_gradients(self):
+        # One output position: "same" kernels overhanging 1x1 and 2x2 inputs
+        # (a stride), a "valid" one, a multiplier: norms, weight dots, clipped sums.
+        rng = tf.random.Generator.from_seed(3)
+        for kernel, strides, padding, size in ((3, 1, "same", 1), (5, 2, "same", 2),
+                                               (3, 1, "valid", 3)):
+            layer = keras.layers.DepthwiseConv2D(kernel, strides=strides, padding=padding,
+                                                 depth_multiplier=2)
+            layer.build((None, size, size, 3))
+            x = rng.normal([4, size, size, 3])
+            g = rng.normal(layer(x).shape)
+            self.assertEqual(g.shape[1:3], (1, 1))
+            with self.subTest(kernel=kernel, padding=padding):
+                want = depthwise_conv.per_example_depthwise_grads(layer, [x], [g],
+                                                                  layer.kernel.shape)
+                ghost = depthwise_conv.DepthwiseGhostFactors(layer, x, g, layer.kernel.shape)
+                self.assertAllClose(ghost.sq_norms(),
+                                    tf.reduce_sum(tf.square(want), [1, 2, 3, 4]), rtol=1e-5)
+                self.assertAllClose(ghost.dot(layer.kernel),
+                                    tf.reduce_sum(want * layer.kernel[None], [1, 2, 3, 4]),
+                                    rtol=1e-5, atol=1e-5)
+                coeffs = tf.constant([0.5, 1.0, 0.0, 2.0])
+                keep = tf.constant([True, True, False, True])
+                self.assertAllClose(ghost.clipped_sum(coeffs, keep),
+                                    tf.tensordot(coeffs, want, axes=1), rtol=1e-5, atol=1e-5)
+        self.assertEqual(depthwise_conv.depthwise_norm_mode(1, (3, 3, 8, 1), rows=2),
+                         "instantiate")
+        self.assertEqual(depthwise_conv.depthwise_norm_mode(2, (3, 3, 8, 1)), "instantiate")
+        self.assertEqual(depthwise_conv.depthwise_norm_mode(1, (1, 1, 8, 1)), "instantiate")
 
     def test_matches_naive_with_weight_decay(self):
         self.assert_rule_matches_naive(

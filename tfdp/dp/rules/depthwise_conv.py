@@ -3,11 +3,14 @@
 A depthwise conv is, channel by channel, a conv with D = kh·kw inputs and
 p = depth multiplier outputs over T = Ho·Wo positions. By the layer-wise
 rule of Bu et al. (2022) a ghost norm pays off only where 2T² < p·D, i.e.
-T ≤ 2 for a 3×3 kernel; the per-example gradient is small (kh·kw·C·p
-floats), so it is instantiated, with the rows moved into the channels, by one
-op for the batch: up to 3×3 a depthwise backprop where the kernel fits in
-the input, otherwise a forward depthwise conv by the output gradient
-(`takes_backprop_route`). Neither unfolds the input.
+at T = 1 (and T = 2 under a 3×3 kernel, left instantiated): the 1×1 maps
+at the end of a CNN on small images, where a "same" kernel's other taps
+read only padding. There the norm comes from the input and the output
+gradient (`DepthwiseGhostFactors`). Elsewhere the per-example gradient is
+small (kh·kw·C·p floats), so it is instantiated, with the rows moved into
+the channels, by one op for the batch: up to 3×3 a depthwise backprop where
+the kernel fits in the input, otherwise a forward depthwise conv by the
+output gradient (`takes_backprop_route`). Neither unfolds the input.
 
 A separable conv is a depthwise conv followed by a 1×1 (pointwise) conv.
 The tap records the depthwise output h; the pointwise kernel's per-example
@@ -162,6 +165,67 @@ def _positions(records):
     return t
 
 
+def depthwise_norm_mode(t, kernel_shape, rows=1):
+    """Bu et al.'s rule per channel, for one output position: ghost where 2T² < p·D.
+
+    D = kh·kw taps and p = the multiplier, so 2T² < p·D holds at T = 1 for
+    any kernel of 2 or more taps: the 1×1 maps at the end of a CNN on small
+    images. There the per-example gradient (kh·kw·C·mult floats, for a
+    "same" kernel mostly taps that read padding) is larger than the input
+    and output gradient a ghost norm keeps. Wider maps (2T² ≥ p·D but for
+    T = 2 under a 3×3 kernel) and several rows or calls per example are
+    instantiated, whatever the method: a depthwise ghost norm's Gram
+    matrices, C·T² per example, would be far larger than its per-example
+    gradient elsewhere.
+
+    Args:
+        t: int. Output positions of one row.
+        kernel_shape: the depthwise kernel's shape.
+        rows: int. Rows (augmentations times calls) per example. Defaults to 1.
+    """
+    kh, kw, _, mult = (int(d) for d in kernel_shape)
+    if t == 1 and rows == 1 and 2 < kh * kw * mult:
+        return layer_grads.GHOST
+    return layer_grads.INSTANTIATE
+
+
+class DepthwiseGhostFactors:
+    """Norms and clipped sums of a depthwise kernel with one output position per example.
+
+    Channel c's gradient is the outer product u_c g_cᵀ of the taps the
+    position reads (kh·kw) and its output gradient (mult), so its squared
+    norm is ‖u_c‖²‖g_c‖², and ‖u_c‖² is the layer's depthwise conv of x² by
+    a kernel of ones. Until the sum, what is kept is the input and the
+    output gradient; the sum is the batch's filter backprop of c⊙G.
+    """
+
+    def __init__(self, layer, inputs, output_grads, kernel_shape):
+        self.layer = layer
+        self.kernel_shape = [int(d) for d in kernel_shape]
+        self.x = tf.cast(inputs, tf.float32)
+        self.g = tf.cast(output_grads, tf.float32)  # [B, 1, 1, C·mult]
+
+    def sq_norms(self):
+        kh, kw, channels, mult = self.kernel_shape
+        taps = depthwise(self.layer, tf.square(self.x), tf.ones([kh, kw, channels, 1]))
+        gg = tf.reduce_sum(tf.reshape(tf.square(self.g), [-1, channels, mult]), -1)
+        return tf.reduce_sum(tf.reshape(taps, [-1, channels]) * gg, 1)
+
+    def dot(self, kernel):
+        """⟨per-example gradient, W⟩: the depthwise output by W, dotted with G."""
+        return tf.reduce_sum(depthwise(self.layer, self.x, tf.cast(kernel, tf.float32)) * self.g,
+                             [1, 2, 3])
+
+    def clipped_sum(self, coeffs, keep=None):
+        x = layer_grads.keep_rows(self.x, keep)
+        g = layer_grads.keep_rows(self.g, keep) * tf.reshape(coeffs, [-1, 1, 1, 1])
+        zeros = tf.zeros(self.kernel_shape, tf.float32)
+        with tf.GradientTape() as tape:
+            tape.watch(zeros)
+            y = depthwise(self.layer, x, zeros)
+        return tape.gradient(y, zeros, output_gradients=g)
+
+
 class PointwiseFactors(layer_grads.LinearFactors):
     """`LinearFactors` of a separable conv's pointwise kernel: U = the depthwise output."""
 
@@ -178,8 +242,9 @@ class PointwiseFactors(layer_grads.LinearFactors):
 
 
 class DepthwiseClip(registry.LayerClip):
-    """Depthwise kernel instantiated per example; a separable conv's pointwise
-    kernel and any bias from `LinearFactors`."""
+    """Depthwise kernel instantiated per example or by ghost norm
+    (`depthwise_norm_mode`); a separable conv's pointwise kernel and any bias
+    from `LinearFactors`."""
 
     def __init__(self, layer, records, output_grads, context):
         self.layer = layer
@@ -199,15 +264,22 @@ class DepthwiseClip(registry.LayerClip):
             self.factors = layer_grads.LinearFactors(layer, records, grads, context.k)
             inputs, depthwise_grads = [r.inputs for r in records], grads
             self.mode = layer_grads.INSTANTIATE
-        self.per_example = per_example_depthwise_grads(
-            layer, inputs, depthwise_grads, self.depthwise_kernel.shape, context.k
-        )
-        # The pointwise kernel's ghost-norm sum may come from a second
-        # backward pass, which then forms the depthwise sum too: the same
-        # arithmetic as the depthwise norm, from the same recorded ops.
-        self.from_backward = (
-            self.separable and registry.is_float32(layer) and self.mode == layer_grads.GHOST
-        )
+        kernel_shape = self.depthwise_kernel.shape
+        self.depthwise_mode = depthwise_norm_mode(
+            _positions(records), kernel_shape, rows=context.k * len(records))
+        if self.depthwise_mode == layer_grads.GHOST:
+            self.per_example = None
+            self.depthwise_factors = DepthwiseGhostFactors(
+                layer, inputs[0], depthwise_grads[0], kernel_shape)
+        else:
+            self.per_example = per_example_depthwise_grads(
+                layer, inputs, depthwise_grads, kernel_shape, context.k)
+        # A ghost norm's sum may come from a second backward pass, which then
+        # forms the layer's other sums too: the same arithmetic as their
+        # norms, from the same recorded ops.
+        ghost = layer_grads.GHOST in (self.depthwise_mode,
+                                      self.mode if self.separable else None)
+        self.from_backward = registry.is_float32(layer) and ghost
 
     def _role(self, variable):
         if variable is self.depthwise_kernel:
@@ -219,6 +291,8 @@ class DepthwiseClip(registry.LayerClip):
     def sq_norm(self, variable):
         role = self._role(variable)
         if role == "depthwise":
+            if self.per_example is None:
+                return self.depthwise_factors.sq_norms()
             return tf.reduce_sum(tf.square(self.per_example), [1, 2, 3, 4])
         if role == "pointwise":
             return self.factors.kernel_sq_norms(self.mode)
@@ -228,6 +302,8 @@ class DepthwiseClip(registry.LayerClip):
         role = self._role(variable)
         w = tf.convert_to_tensor(variable)
         if role == "depthwise":
+            if self.per_example is None:
+                return self.depthwise_factors.dot(w)
             return tf.reduce_sum(self.per_example * w[None], [1, 2, 3, 4])
         if role == "pointwise":
             return self.factors.kernel_dot_weights()
@@ -236,6 +312,8 @@ class DepthwiseClip(registry.LayerClip):
     def clipped_sum(self, variable, coeffs, keep=None):
         role = self._role(variable)
         if role == "depthwise":
+            if self.per_example is None:
+                return self.depthwise_factors.clipped_sum(coeffs, keep)
             return tf.tensordot(coeffs, layer_grads.keep_rows(self.per_example, keep), axes=1)
         if role == "pointwise":
             return self.factors.kernel_clipped_sum(coeffs, keep)
@@ -292,24 +370,37 @@ class DepthwiseConvRule(registry.Rule):
 
     def cost(self, layer, records, method, batch_size):
         t = _positions(records)
-        kernel = layer.depthwise_kernel if isinstance(layer, keras.layers.SeparableConv2D) else (
-            layer.kernel)
-        depthwise_size = int(tf.size(kernel))
-        instantiated = depthwise_size
-        mode = layer_grads.INSTANTIATE
-        work = 0
+        separable = isinstance(layer, keras.layers.SeparableConv2D)
+        kernel = layer.depthwise_kernel if separable else layer.kernel
+        kh, kw, channels, mult = (int(n) for n in kernel.shape)
+        tapped = method in registry.TAPPED_METHODS
+        depthwise_mode = (depthwise_norm_mode(t, kernel.shape, rows=len(records)) if tapped
+                          else layer_grads.INSTANTIATE)
+        if depthwise_mode == layer_grads.GHOST:
+            # x² by the window while the norm is computed; the input and
+            # output gradient until the sum.
+            instantiated = 0
+            inputs = int(records[0].inputs.shape[1:].num_elements())
+            work = inputs + 2 * channels
+            ghost_kept = inputs + channels * mult
+            why = "depthwise: T=1, 2T²<pD per channel"
+        else:
+            instantiated, work, ghost_kept = kh * kw * channels * mult, 0, 0
+            why = ("depthwise: 2T²≥pD per channel" if 2 * t * t >= kh * kw * mult
+                   else "depthwise: T>1, instantiated")
+        mode = depthwise_mode
         p = d = 0
-        why = "depthwise: 2T²≥pD per channel"
-        if isinstance(layer, keras.layers.SeparableConv2D):
+        if separable:
             p, d = int(layer.pointwise_kernel.shape[-1]), int(layer.pointwise_kernel.shape[-2])
-            mode = (layer_grads.linear_norm_mode(t, p, d, method)
-                    if method in registry.TAPPED_METHODS else layer_grads.INSTANTIATE)
-            if method in registry.TAPPED_METHODS:
-                why = "pointwise " + registry.layerwise_why(t, p, d, method)
+            mode = (layer_grads.linear_norm_mode(t, p, d, method) if tapped
+                    else layer_grads.INSTANTIATE)
+            if tapped:
+                why += "; pointwise " + registry.layerwise_why(t, p, d, method)
             if mode == layer_grads.GHOST:
-                work = 2 * t * t
+                work += 2 * t * t
+                ghost_kept += t * p
             else:
                 instantiated += p * d
         memory = batch_size * (instantiated + work) * registry.BYTES
-        kept = batch_size * (instantiated + (t * p if mode == layer_grads.GHOST else 0))
+        kept = batch_size * (instantiated + ghost_kept)
         return registry.Cost(t, p, d, mode, memory, kept * registry.BYTES, why=why)
