@@ -121,14 +121,20 @@ def _rows_as_channels(t):
     return tf.reshape(t, [1, shape[1], shape[2], shape[0] * shape[3]])
 
 
+def filter_backprop(layer, x, g, kernel_shape):
+    """The gradient of Σ g·depthwise(x, W) in W: the layer's filter backprop, summed over x's rows."""
+    zeros = tf.zeros(kernel_shape, tf.float32)
+    with tf.GradientTape() as tape:
+        tape.watch(zeros)
+        y = depthwise(layer, x, zeros)
+    return tape.gradient(y, zeros, output_gradients=g)
+
+
 def _depthwise_grads_by_backprop(layer, x, g, kernel_shape):
     kh, kw, channels, mult = (int(d) for d in kernel_shape)
     rows = tf.shape(x)[0]
-    zeros = tf.zeros([kh, kw, rows * channels, mult], tf.float32)
-    with tf.GradientTape() as tape:
-        tape.watch(zeros)
-        y = depthwise(layer, _rows_as_channels(x), zeros)
-    return tape.gradient(y, zeros, output_gradients=_rows_as_channels(g))
+    return filter_backprop(layer, _rows_as_channels(x), _rows_as_channels(g),
+                           tf.stack([kh, kw, rows * channels, mult]))
 
 
 def _depthwise_grads_by_correlation(layer, x, g, kernel_shape):
@@ -189,6 +195,18 @@ def depthwise_norm_mode(t, kernel_shape, rows=1):
     return layer_grads.INSTANTIATE
 
 
+def depthwise_why(t, kernel_shape, rows=1):
+    """Why `depthwise_norm_mode` chose its mode, for `dp.plan`."""
+    kh, kw, _, mult = (int(d) for d in kernel_shape)
+    if depthwise_norm_mode(t, kernel_shape, rows) == layer_grads.GHOST:
+        return "depthwise: T=1, 2T²<pD per channel"
+    if 2 * t * t >= kh * kw * mult:
+        return "depthwise: 2T²≥pD per channel"
+    if rows > 1:
+        return "depthwise: several rows per example, instantiated"
+    return "depthwise: T>1, instantiated"
+
+
 class DepthwiseGhostFactors:
     """Norms and clipped sums of a depthwise kernel with one output position per example.
 
@@ -219,11 +237,7 @@ class DepthwiseGhostFactors:
     def clipped_sum(self, coeffs, keep=None):
         x = layer_grads.keep_rows(self.x, keep)
         g = layer_grads.keep_rows(self.g, keep) * tf.reshape(coeffs, [-1, 1, 1, 1])
-        zeros = tf.zeros(self.kernel_shape, tf.float32)
-        with tf.GradientTape() as tape:
-            tape.watch(zeros)
-            y = depthwise(self.layer, x, zeros)
-        return tape.gradient(y, zeros, output_gradients=g)
+        return filter_backprop(self.layer, x, g, self.kernel_shape)
 
 
 class PointwiseFactors(layer_grads.LinearFactors):
@@ -374,7 +388,8 @@ class DepthwiseConvRule(registry.Rule):
         kernel = layer.depthwise_kernel if separable else layer.kernel
         kh, kw, channels, mult = (int(n) for n in kernel.shape)
         tapped = method in registry.TAPPED_METHODS
-        depthwise_mode = (depthwise_norm_mode(t, kernel.shape, rows=len(records)) if tapped
+        rows = len(records)
+        depthwise_mode = (depthwise_norm_mode(t, kernel.shape, rows) if tapped
                           else layer_grads.INSTANTIATE)
         if depthwise_mode == layer_grads.GHOST:
             # x² by the window while the norm is computed; the input and
@@ -383,11 +398,9 @@ class DepthwiseConvRule(registry.Rule):
             inputs = int(records[0].inputs.shape[1:].num_elements())
             work = inputs + 2 * channels
             ghost_kept = inputs + channels * mult
-            why = "depthwise: T=1, 2T²<pD per channel"
         else:
             instantiated, work, ghost_kept = kh * kw * channels * mult, 0, 0
-            why = ("depthwise: 2T²≥pD per channel" if 2 * t * t >= kh * kw * mult
-                   else "depthwise: T>1, instantiated")
+        why = depthwise_why(t, kernel.shape, rows) if tapped else f"depthwise: method={method}"
         mode = depthwise_mode
         p = d = 0
         if separable:
