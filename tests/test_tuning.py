@@ -51,6 +51,19 @@ class SelectByValidationTest(tf.test.TestCase):
         self.assertNotIn("0.9000", "\n".join(lines))
         self.assertNotIn("0.9500", "\n".join(lines))
 
+    def test_final_line_does_not_present_one_runs_epsilon_as_the_selections(self):
+        summaries = {"a": _summary(0.70, 0.90), "b": _summary(0.80, 0.60), "c": _summary(0.75, 0.95)}
+        guarantee = tuning.selection_guarantee(summaries, "b")
+        self.assertEqual((guarantee.runs, guarantee.run_epsilon), (3, 3.0))
+        self.assertIsNone(guarantee.epsilon)  # Not accounted.
+        final = tuning.report(summaries, "b")[-1]
+        self.assertIn("selected over 3 runs by accuracy on private validation data: the "
+                      "selection is NOT COVERED by epsilon (the selected run's own "
+                      "epsilon=3.000 covers that run only)", final)
+        # The run's ε appears only as that run's own.
+        self.assertNotIn("final test_accuracy=0.6000 epsilon=", final)
+        self.assertEqual(final.count("epsilon="), 1)
+
     def test_runs_without_validation_are_an_error(self):
         with self.assertRaisesRegex(ValueError, r"train.validation_fraction.*\['a'\]"):
             tuning.select_by_validation({"a": _summary(None, 0.9), "b": _summary(0.5, 0.5)})

@@ -7,9 +7,16 @@ reads each run's `summary.json`, picks the run with the best
 `train.validation_fraction`) and prints its test accuracy as the final
 number. The test accuracy of the other runs is not shown: a setting chosen
 by looking at test accuracy makes the test number optimistic.
+
+The selection itself is computed from private data (the validation split)
+without noise, so it spends privacy that no run's epsilon accounts for
+(Papernot & Steinke 2022). The printed lines say so: each run's epsilon
+covers that run only, and the epsilon of the released choice is not
+accounted (`selection_guarantee`).
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -58,10 +65,69 @@ def validation_accuracy(summary):
     return summary.get("not_covered_by_epsilon", {}).get("validation_accuracy")
 
 
+@dataclasses.dataclass(frozen=True)
+class SelectionGuarantee:
+    """What is claimed for the run released by a selection.
+
+    Args:
+        runs: int. K, the runs the selection looked at.
+        run_epsilon: float. The selected run's own ε: it covers that run's
+            training, not the choice among the K runs.
+        run_delta: float or None. Its δ.
+        epsilon: float or None. ε of the released choice, selection
+            included; None while the selection is not accounted.
+        delta: float or None. Its δ; None with `epsilon`.
+    """
+
+    runs: int
+    run_epsilon: float
+    run_delta: float = None
+    epsilon: float = None
+    delta: float = None
+
+    def describe(self):
+        """The statement that `report`'s final line ends with."""
+        run_delta = "" if self.run_delta is None else f" delta={self.run_delta:g}"
+        own = (f"the selected run's own epsilon={self.run_epsilon:.3f}{run_delta} covers "
+               "that run only")
+        if self.epsilon is not None:
+            return (f"epsilon={self.epsilon:.3f} delta={self.delta:g} for the selection over "
+                    f"{self.runs} runs ({own})")
+        return (f"selected over {self.runs} runs by accuracy on private validation data: the "
+                f"selection is NOT COVERED by epsilon ({own})")
+
+
+def selection_guarantee(summaries, selected):
+    """The guarantee of releasing `selected`, chosen among `summaries` by validation accuracy.
+
+    The choice reads the private validation split of every run without
+    noise, so it is not covered by any run's ε. It is not accounted here:
+    the result's `epsilon` is None, and its statement says so.
+
+    Args:
+        summaries: dict. `{workdir: summary}` as written by `tfdp.train`.
+        selected: str. The chosen workdir (`select_by_validation`).
+
+    Returns:
+        A `SelectionGuarantee`.
+    """
+    if selected not in summaries:
+        raise ValueError(
+            f"The selected run is not one of the runs. Received: selected={selected!r}")
+    best = summaries[selected]
+    return SelectionGuarantee(runs=len(summaries), run_epsilon=best["epsilon"],
+                              run_delta=best.get("delta"))
+
+
 def report(summaries, selected):
-    """The lines `main` prints: every run's validation accuracy, the selection's test accuracy."""
-    lines = ["run  validation_accuracy  epsilon  (selected by validation accuracy; test "
-             "accuracy shown for the selected run only)"]
+    """The lines `main` prints: every run's validation accuracy, the selection's test accuracy.
+
+    The final line names what the selection costs: the selected run's ε
+    is shown as that run's own, never as the ε of the released choice.
+    """
+    lines = ["run  validation_accuracy (private, not covered by epsilon)  epsilon (the run's "
+             "own)  (selected by validation accuracy; test accuracy shown for the selected "
+             "run only)"]
     for workdir in sorted(summaries):
         s = summaries[workdir]
         mark = "  <- selected" if workdir == selected else ""
@@ -74,7 +140,7 @@ def report(summaries, selected):
     lines.append(
         f"selected by validation accuracy: {selected} "
         f"(validation_accuracy={validation_accuracy(best):.4f}); "
-        f"final {test} epsilon={best['epsilon']:.3f}"
+        f"final {test}; {selection_guarantee(summaries, selected).describe()}"
     )
     return lines
 
