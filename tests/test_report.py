@@ -92,6 +92,26 @@ def test_audit_is_shown_beside_the_accountant(tmp_path):
     assert _rendered(path) == (5, 5)
 
 
+def test_private_counts_and_adapted_state_are_labelled(tmp_path):
+    workdir = _make_workdir(str(tmp_path / "run"))
+    with open(os.path.join(workdir, "summary.json")) as f:
+        summary = json.load(f)
+    summary["not_covered_by_epsilon"] = {
+        "dataset_size": 4000, "validation_size": 0,
+        "data_preparation": {"train_examples": 4000, "test_examples": 1000},
+        "adapted_state": [{"layer": "normalization", "variable": "normalization/mean",
+                           "reason": "Normalization adapted"}]}
+    with open(os.path.join(workdir, "summary.json"), "w") as f:
+        json.dump(summary, f)
+    with open(report.write_report(workdir)) as f:
+        page = f.read()
+    # The ledger's N in the header, and the summary's counts and state.
+    assert "<th>dataset_size (not covered by ε)</th><td>4000</td>" in page
+    assert "Counts and state (not covered by ε)" in page
+    assert "<th>train_examples</th><td>4000</td>" in page
+    assert "<code>normalization/mean</code>: Normalization adapted" in page
+
+
 def test_missing_workdir_is_an_error_and_the_cli_exits_2(tmp_path, capsys):
     assert report.main([str(tmp_path / "nowhere")]) == 2
     assert capsys.readouterr().err.startswith("error: No such run directory")

@@ -224,10 +224,15 @@ class NonDpStatisticsTest(tf.test.TestCase):
         result = run_train(*TINY, "--gin_param=train.export_model = False",
                            "--gin_param=train.report_non_dp_statistics = False", workdir=workdir)
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
-        for text in ("not covered", "train_acc", "grad_norm", "clipped="):
+        for text in ("train_acc", "grad_norm", "clipped=", "per class", "non-DP"):
             self.assertNotIn(text, result.stdout)
+        # The sizes of the splits stay (the accounting needs N), labelled.
+        self.assertRegex(result.stdout, r"(?m)^data: train N=\d+ .* \| not covered by "
+                                        r"epsilon: these exact counts$")
         with open(os.path.join(workdir, "summary.json")) as f:
-            self.assertNotIn("not_covered_by_epsilon", json.load(f))
+            not_covered = json.load(f)["not_covered_by_epsilon"]
+        self.assertEqual(set(not_covered),
+                         {"dataset_size", "validation_size", "data_preparation"})
         self.assertEqual({t for t in self._tags(workdir) if t.startswith("non_dp/")}, set())
         self.assertIsNotNone(FINAL.search(result.stdout))
 

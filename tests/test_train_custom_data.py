@@ -91,12 +91,20 @@ class TrainOnYourImagesTest(tf.test.TestCase):
                       "train=2, test=1", out)
         self.assertEqual(summary["not_covered_by_epsilon"]["duplicates_dropped_train"], 2)
         self.assertEqual(summary["not_covered_by_epsilon"]["duplicates_dropped_test"], 1)
-        self.assertIn("data: train N=80 validation=20 test=15 classes=3 input=(16, 16, 3)", out)
-        self.assertEqual((summary["dataset_size"], summary["validation_size"]), (80, 20))
+        # Exact counts of the private data: labelled, never beside epsilon.
+        self.assertIn("data: train N=80 validation=20 test=15 classes=3 input=(16, 16, 3) "
+                      "| not covered by epsilon: these exact counts, ", out)
+        not_covered = summary["not_covered_by_epsilon"]
+        self.assertEqual((not_covered["dataset_size"], not_covered["validation_size"]), (80, 20))
+        for key in ("dataset_size", "validation_size", "data_preparation", "train_examples"):
+            self.assertNotIn(key, summary)
+        self.assertIn("Not covered: the counts and figures under not_covered_by_epsilon",
+                      summary["privacy_guarantee"])
         self._check_epsilon(out, summary, 80)
         # Found once, up front: the training pipeline never meets them.
-        self.assertEqual(summary["data_preparation"]["undecodable_dropped"]["train"], 3)
-        self.assertEqual(summary["data_preparation"]["test_examples"], 15)
+        preparation = not_covered["data_preparation"]
+        self.assertEqual(preparation["undecodable_dropped"]["train"], 3)
+        self.assertEqual((preparation["train_examples"], preparation["test_examples"]), (80, 15))
         self.assertEqual(summary["not_covered_by_epsilon"]["skipped_undecodable_train"], 0)
         self.assertNotIn("undecodable training images so far", out)
         # Validation is reported apart from the test set: console, summary, TensorBoard.
@@ -130,7 +138,9 @@ class TrainOnYourImagesTest(tf.test.TestCase):
         self.assertIn("train examples per class [30, 29, 29]", out)
         self.assertIn("test=12 classes=3", out)
         self._check_epsilon(out, summary, 88)
-        self.assertEqual(summary["data_preparation"]["undecodable_dropped"]["train"], 2)
+        self.assertEqual(
+            summary["not_covered_by_epsilon"]["data_preparation"]["undecodable_dropped"]["train"],
+            2)
         self.assertEqual(summary["not_covered_by_epsilon"]["skipped_undecodable_train"], 0)
         self.assertNotIn("validation_accuracy", summary["not_covered_by_epsilon"])
 

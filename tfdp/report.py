@@ -12,7 +12,11 @@ embedded in the file. It shows:
 - test (and validation) accuracy against ε;
 - the clip fraction and the gradient norms, labelled as not covered by ε;
 - where `python3 -m tfdp.audit --workdir=WORKDIR` was run (its `audit.json`), its
-  empirical lower bound on ε beside the accountant's upper bound.
+  empirical lower bound on ε beside the accountant's upper bound;
+- what `summary.json` lists under `not_covered_by_epsilon` besides the
+  plotted figures: the exact counts of the private data (N, the validation
+  and test counts) and the model's state set before training (adapted
+  preprocessing statistics, loaded buffers), labelled as not covered by ε.
 
 Everything on the page is what the run already wrote (its ledger,
 `summary.json` and TensorBoard scalars): the report releases nothing new.
@@ -224,6 +228,10 @@ def _plots(record, summary, scalars, audit):
     return sections
 
 
+# The ledger's entries that are exact counts of the private data.
+_PRIVATE_COUNTS = ("dataset_size",)
+
+
 def _header(record, summary):
     rows = []
     if record and record.get("private", True) is not False:
@@ -231,7 +239,8 @@ def _header(record, summary):
                      "sampling_rate", "dataset_size", "batch_size", "delta", "steps",
                      "neighboring_relation"):
             if record.get(name) is not None:
-                rows.append((name, record[name]))
+                label = f"{name} ({NOT_COVERED})" if name in _PRIVATE_COUNTS else name
+                rows.append((label, record[name]))
     for name in ("epsilon", "test_accuracy", "wall_time_s"):
         if summary and summary.get(name) is not None:
             rows.append((name, summary[name]))
@@ -240,7 +249,35 @@ def _header(record, summary):
         for k, v in rows)
     guarantee = (summary or {}).get("privacy_guarantee")
     text = f"<p class=guarantee>{html.escape(str(guarantee))}</p>" if guarantee else ""
-    return f"<table>{cells}</table>{text}"
+    return f"<table>{cells}</table>{text}{_not_covered(summary)}"
+
+
+def _not_covered(summary):
+    """The counts and the state set before training that `summary.json` labels."""
+    entries = (summary or {}).get("not_covered_by_epsilon") or {}
+    counts = [(name, entries[name]) for name in ("dataset_size", "validation_size")
+              if entries.get(name) is not None]
+    counts += [(name, value) for name, value in
+               (entries.get("data_preparation") or {}).items()]
+    adapted = entries.get("adapted_state") or []
+    if not counts and not adapted:
+        return ""
+    parts = [f"<section><h2>{html.escape(f'Counts and state ({NOT_COVERED})')}</h2>"]
+    if counts:
+        cells = "".join(
+            f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_format(v))}</td></tr>"
+            for k, v in counts)
+        parts.append("<p>Exact counts of the private data, released without noise: "
+                     f"<strong>{NOT_COVERED}</strong>.</p><table>{cells}</table>")
+    if adapted:
+        items = "".join(
+            f"<li><code>{html.escape(str(e.get('variable')))}</code>: "
+            f"{html.escape(str(e.get('reason')))}</li>" for e in adapted)
+        parts.append("<p>State the model held before training (adapted or loaded, not "
+                     f"declared public): <strong>{NOT_COVERED}</strong> unless it came "
+                     f"from public data.</p><ul>{items}</ul>")
+    parts.append("</section>")
+    return "".join(parts)
 
 
 def _format(value):

@@ -214,7 +214,9 @@ def train(
             non-finite and undecodable training examples. They are labelled
             "not covered by epsilon" wherever they appear (the `non_dp/`
             TensorBoard tags, `summary.json`'s `not_covered_by_epsilon`).
-            False turns them all off. Defaults to True.
+            False turns them all off. The exact sizes of the splits (N, the
+            validation and test counts) stay, labelled the same way: the
+            accounting needs N (q = B/N). Defaults to True.
         insecure_reproducible_seed: int or None. INSECURE, for tests and
             reproducible research: derive the noise and the sampling from
             this public seed instead of a secret key from the OS's entropy.

@@ -222,7 +222,7 @@ class UserLevelTrainerTest(tf.test.TestCase):
             summary = json.load(f)
         users_n = len(np.unique(users))
         self.assertEqual(summary["privacy_unit"], "user")
-        self.assertEqual(summary["dataset_size"], users_n)
+        self.assertEqual(summary["not_covered_by_epsilon"]["dataset_size"], users_n)
         self.assertEqual(summary["adjacency_description"], "add or remove one user's data")
         self.assertIn("N=%d users" % users_n, result.stdout)
         self.assertIn("sensitivity probe", result.stdout)

@@ -3,9 +3,10 @@
 The adversary of the guarantee sees everything a run prints or writes. So the
 figures computed from private data without noise (the training loss and
 accuracy, gradient norms, clip fractions, counts of non-finite, undecodable
-and duplicate training examples, and the figures of test and validation
-sets held out of the training data) are kept apart from ε and the figures
-of a separate test set, and labelled wherever they appear:
+and duplicate training examples, the figures of test and validation sets
+held out of the training data, and the exact sizes of the splits: N, the
+validation and test counts) are kept apart from ε and the figures of a
+separate test set, and labelled wherever they appear:
 - on the console, in the `| non-DP:` column of the progress and epoch lines,
   which the run explains once, before its first use (the data line and the
   warnings say `not covered by epsilon`);
@@ -90,7 +91,12 @@ def held_out_warning(held_out):
 
 def data_lines(notes, *, n, validation_size, test_size, info, class_counts,
                report_non_dp_statistics=True, held_out=None, duplicates_dropped=None):
-    """The data lines: N is public in the accounting (q = B/N); class counts are not.
+    """The data lines, the counts of private data labelled as not covered by ε.
+
+    N, the validation count and the held-out counts are exact counts of the
+    private data, released without noise (N also sets q = B/N, which the
+    plan line prints): they are labelled whatever `report_non_dp_statistics`
+    says. The class counts and the duplicate count are optional.
 
     Args:
         notes: str. How the data was read.
@@ -108,9 +114,10 @@ def data_lines(notes, *, n, validation_size, test_size, info, class_counts,
     """
     log(f"data: {notes}")
     line = (f"data: train N={n} validation={validation_size} test={test_size} "
-            f"classes={info.num_classes} input={tuple(info.image_shape)}")
+            f"classes={info.num_classes} input={tuple(info.image_shape)} "
+            f"| {NOT_COVERED}: these exact counts")
     if report_non_dp_statistics:
-        line += f" | {NOT_COVERED}: train examples per class {class_counts()}"
+        line += f", train examples per class {class_counts()}"
         if duplicates_dropped:
             counts = ", ".join(f"{k}={v}" for k, v in duplicates_dropped.items())
             line += f", exact duplicates dropped {counts}"
@@ -153,7 +160,8 @@ class RunReporter:
             one). Defaults to None (no privacy line: non-private runs).
         report_non_dp_statistics: bool. False drops every figure that ε does
             not cover, except the validation and held-out test sets', which
-            a user asks for by holding them out.
+            a user asks for by holding them out, and the exact sizes of the
+            splits, which the accounting needs (q = B/N).
         held_out: dict or None. Split name -> size, for the test and
             validation sets held out of the training data: private examples,
             whose figures are labelled and which `summary.json` names as
@@ -162,8 +170,13 @@ class RunReporter:
             split; in `summary.json` under `not_covered_by_epsilon`.
         data_preparation: dict or None. What was read: the examples of each
             split and the image files dropped as undecodable when the data
-            was loaded (`summary.json`'s `data_preparation`). Defaults to
-            None.
+            was loaded (`summary.json`'s
+            `not_covered_by_epsilon.data_preparation`: exact counts of
+            private data). Defaults to None.
+        adapted_state: list or None. The model's state set before training
+            that ε does not cover (`tfdp.dp.adapted_state.as_records`);
+            `summary.json`'s `not_covered_by_epsilon.adapted_state`.
+            Defaults to None (none).
         start_step: int. The step training starts from (a resumed run's),
             for the ETA. Defaults to 0.
         progress_bar: bool or None. Redraw a progress bar with an ETA after
@@ -173,9 +186,11 @@ class RunReporter:
 
     def __init__(self, out_dir, *, steps_per_epoch, total_steps, delta, ledger=None,
                  report_non_dp_statistics=True, held_out=None, duplicates_dropped=None,
-                 data_preparation=None, start_step=0, progress_bar=None):
+                 data_preparation=None, adapted_state=None, start_step=0,
+                 progress_bar=None):
         self.out_dir = out_dir
         self.data_preparation = dict(data_preparation or {})
+        self.adapted_state = list(adapted_state or [])
         self.start_step = start_step
         self.progress_bar = sys.stdout.isatty() if progress_bar is None else progress_bar
         self.steps_per_epoch = steps_per_epoch
@@ -323,8 +338,9 @@ class RunReporter:
             delta: float.
             steps: int. Steps taken.
             noise_multiplier: float.
-            dataset_size: int. N.
-            validation_size: int.
+            dataset_size: int. N: an exact count of private data, written
+                under `not_covered_by_epsilon`.
+            validation_size: int. Under `not_covered_by_epsilon` too.
             privacy_guarantee: str. What ε means, for `summary.json`; the
                 figures and examples that it does not cover are added here.
             not_private: str or None. Why no ε holds although the run is
@@ -340,17 +356,26 @@ class RunReporter:
         if not_private is None and self.ledger is not None:
             privacy_guarantee = " ".join(filter(None, [
                 privacy_guarantee.rstrip(".") + ".",
-                "Not covered: the figures under not_covered_by_epsilon, computed from the "
-                "private data without noise." if self.non_dp_metrics else None,
+                "Not covered: the counts and figures under not_covered_by_epsilon, computed "
+                "from the private data without noise"
+                + (", and the model's state set before training that it lists under "
+                   "adapted_state." if self.adapted_state else "."),
                 held_out_warning(self.held_out),
             ]))
         summary = {
             "test_accuracy": self.test_metrics["accuracy"], "epsilon": epsilon, "delta": delta,
             "steps": steps, "noise_multiplier": noise_multiplier,
-            "dataset_size": dataset_size, "validation_size": validation_size,
             "wall_time_s": time.time() - self.t_start,
             "privacy_guarantee": privacy_guarantee,
         }
+        # Exact counts of the private data, released without noise: never
+        # beside ε, whatever `report_non_dp_statistics` says.
+        not_covered = {"dataset_size": dataset_size, "validation_size": validation_size}
+        if self.data_preparation:
+            not_covered["data_preparation"] = dict(self.data_preparation)
+        if self.adapted_state:
+            not_covered["adapted_state"] = list(self.adapted_state)
+        not_covered.update(self.non_dp_metrics)
         if self.ledger is not None:
             summary["adjacency"] = self.ledger.adjacency
             summary["adjacency_description"] = self.ledger.adjacency_description
@@ -359,12 +384,9 @@ class RunReporter:
         summary.update(privacy_unit or {})
         if self.test_held_out:
             del summary["test_accuracy"]  # Under not_covered_by_epsilon.
-        if self.data_preparation:
-            summary["data_preparation"] = dict(self.data_preparation)
         if self.held_out:
             summary["held_out_not_protected"] = dict(self.held_out)
-        if self.non_dp_metrics:
-            summary["not_covered_by_epsilon"] = dict(self.non_dp_metrics)
+        summary["not_covered_by_epsilon"] = not_covered
         with open(os.path.join(self.out_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
         self.writer.flush()
