@@ -6,7 +6,9 @@ import pytest
 import tensorflow as tf
 
 import tfdp
+from tests.dp.test_training_probe import AddsRowInto
 from tests.dp.test_training_probe import MixesFrom
+from tests.dp.test_training_probe import RunningMean
 from tests.dp.test_training_probe import batch_mean_xent
 from tfdp.compat import tensorflow_privacy
 
@@ -17,10 +19,13 @@ def _data(n=16):
 
 
 def _layers(mixing):
+    """A small Sequential stack; `mixing` names a layer to put in its middle."""
     layers = [keras.Input((6, 6, 1)), keras.layers.Flatten(),
               keras.layers.Dense(5, activation="tanh")]
     if mixing:
-        layers.append(MixesFrom(4, name="mixes_from_4"))
+        layers.append({True: MixesFrom(4, name="mixes_from_4"),
+                       "adds_row": AddsRowInto(0, "middle", name="adds_row"),
+                       "running": RunningMean(name="running")}[mixing])
     return layers + [keras.layers.Dense(3)]
 
 
@@ -50,6 +55,8 @@ def test_private_model_with_a_tf_privacy_optimizer(mixing, loss, pattern):
 
 @pytest.mark.parametrize("mixing, loss, pattern", [
     (True, _xent, "Layer 'mixes_from_4' mixes examples"),
+    ("adds_row", _xent, "Layer 'adds_row' mixes examples"),
+    ("running", _xent, "Layer 'running' writes variable"),
     (False, lambda: batch_mean_xent, "loss 'batch_mean_xent' mixes examples"),
 ])
 def test_dp_sequential(mixing, loss, pattern):

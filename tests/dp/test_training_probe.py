@@ -1,8 +1,10 @@
 """The training probe runs at the physical batch size, with the loss of training.
 
-A layer that mixes examples only in batches of some size or more, and a loss
-that is not per-example, are refused with an error naming them; a per-example
-model and loss pass with a leave-one-out figure of at most C.
+A layer that mixes examples only in batches of some size or more, one that
+adds any row into another (a fixed middle row, or a random row per call), a
+loss that is not per-example, and a layer that writes non-trainable state
+from the batch are refused with an error naming them; a per-example model
+and loss pass with a leave-one-out figure of at most C.
 """
 
 import types
@@ -52,6 +54,61 @@ class OneValueSees(keras.layers.Layer):
         spike = tf.one_hot(7, tf.shape(flat)[1])[None, :] * 1e-2 * flat[:1, :1]
         return tf.reshape(flat + spike * tf.cast(tf.range(tf.shape(x)[0]) > 0, x.dtype)[:, None],
                           tf.shape(x))
+
+
+class AddsRowInto(keras.layers.Layer):
+    """Adds `weight` × row `source` into row `target` of the batch.
+
+    `source="middle"` is row `rows // 2`; `source=None` draws the source at
+    random at every call (never the target), from TensorFlow's random ops
+    without a Keras seed generator.
+    """
+
+    def __init__(self, target=0, source=None, weight=0.5, **kwargs):
+        super().__init__(**kwargs)
+        self.target, self.source, self.weight = target, source, weight
+
+    def call(self, x):
+        rows = tf.shape(x)[0]
+        if self.source is None:
+            source = (self.target + 1 + tf.random.uniform([], 0, rows - 1, tf.int32)) % rows
+        elif self.source == "middle":
+            source = rows // 2
+        else:
+            source = tf.constant(self.source)
+        onto = tf.reshape(tf.one_hot(self.target, rows, dtype=x.dtype),
+                          tf.concat([[rows], tf.ones([tf.rank(x) - 1], tf.int32)], 0))
+        return x + self.weight * onto * tf.gather(x, source)[None]
+
+
+class RunningMean(keras.layers.Layer):
+    """Keeps a running mean of its training inputs in a non-trainable variable."""
+
+    def build(self, shape):
+        self.mean = self.add_weight(shape=shape[-1:], initializer="zeros", trainable=False,
+                                    name="running_mean")
+
+    def call(self, x, training=False):
+        if training:
+            axes = list(range(len(x.shape) - 1))
+            self.mean.assign(0.9 * self.mean + 0.1 * tf.reduce_mean(x, axis=axes))
+        return x
+
+
+class StatsAfterOutput(keras.layers.BatchNormalization):
+    """A frozen BatchNorm that updates `moving_mean` from the batch after its output."""
+
+    def call(self, x, training=None, mask=None):
+        out = super().call(x, training=False, mask=mask)
+        self.moving_mean.assign(tf.reduce_mean(x, axis=list(range(len(x.shape) - 1))))
+        return out
+
+
+def dense_model(layer, input_shape=(6, 6, 1)):
+    """Flatten, Dense(5), `layer`, Dense(3): `layer` sees `[rows, 5]`."""
+    x = keras.Input(input_shape)
+    h = keras.layers.Dense(5, activation="tanh")(keras.layers.Flatten()(x))
+    return keras.Model(x, keras.layers.Dense(3)(layer(h)))
 
 
 def subtle_mixing_model(layer, input_shape=(16, 16, 8)):
@@ -117,6 +174,69 @@ class TrainingProbeTest(dp_test_case.DPTestCase):
         self.assertLessEqual(figure, 1.0 + sensitivity.TOLERANCE)
         with self.assertRaisesRegex(ValueError, "Layer 'mixes_from_16' mixes examples"):
             guards.check_sensitivity(model, INFO, 16, **CLIP)
+
+    def test_any_row_added_into_another_is_refused_at_every_batch_size(self):
+        # Row j of the middle of the batch into row 0, and a random row per
+        # call: every row is tested against every other.
+        for rows in (4, 7, 16):
+            for source in ("middle", None):
+                with self.subTest(rows=rows, source=source):
+                    model = dense_model(AddsRowInto(0, source, name="adds_row"))
+                    with self.assertRaisesRegex(ValueError, "Layer 'adds_row' mixes examples"):
+                        guards.check_sensitivity(model, INFO, rows, **CLIP)
+        # Into the last row from the first, at 32 rows, on conv feature maps.
+        report = model_probe.probe(
+            subtle_mixing_model(AddsRowInto(31, 0, 1e-2, name="into_last")), rows=32)
+        self.assertEqual(report.mixing_layer, "into_last")
+
+    def test_cross_user_row_refused_at_user_level(self):
+        # Users of 2 rows each: a row of user 2 added into a row of user 1.
+        model = dense_model(AddsRowInto(0, 2, name="cross_user"))
+        with self.assertRaisesRegex(ValueError, "Layer 'cross_user' mixes examples"):
+            guards.check_sensitivity(model, INFO, 4, **{**CLIP, "augmentation_multiplicity": 2})
+
+    def test_every_pair_of_rows_is_separated_by_a_changed_set(self):
+        for rows in (4, 5, 33, 256):
+            sets = model_probe.changed_row_sets(rows)
+            for i in range(rows):
+                # Rows j that some set holds without i: all but i.
+                tested = np.any(sets[sets[:, i] == 0], axis=0)
+                self.assertEqual(int(np.sum(tested)), rows - 1, msg=f"rows={rows}, i={i}")
+
+    def test_state_written_from_the_batch_is_refused_naming_it(self):
+        for layer, variable in ((RunningMean(name="running"), "running_mean"),
+                                (StatsAfterOutput(name="leaky_bn", trainable=False),
+                                 "moving_mean")):
+            with self.subTest(layer=layer.name):
+                model = dense_model(layer)
+                before = [v.numpy() for v in model.non_trainable_variables]
+                with self.assertRaisesRegex(
+                        ValueError, f"Layer '{layer.name}' writes variable '.*{variable}'"):
+                    guards.check_sensitivity(model, INFO, 8, **CLIP)
+                # The probe leaves the state as it found it.
+                for b, v in zip(before, model.non_trainable_variables):
+                    self.assertAllEqual(b, v.numpy())
+
+    def test_frozen_batchnorm_and_dropout_pass(self):
+        bn = keras.layers.BatchNormalization(name="frozen_bn")
+        x = keras.Input((6, 6, 1))
+        h = keras.layers.Dense(5, activation="tanh")(keras.layers.Flatten()(x))
+        h = keras.layers.Dropout(0.5)(bn(h))
+        model = keras.Model(x, keras.layers.Dense(3)(h))
+        bn.trainable = False
+        report = model_probe.probe(model, rows=8)
+        self.assertIsNone(report.mixing_layer)
+        self.assertEqual(report.state_writes, [])
+
+    def test_loss_adding_a_middle_row_into_another_refused(self):
+        def row_into_first(y_true, logits):
+            rows = tf.shape(logits)[0]
+            into = tf.one_hot(0, rows)[:, None] * logits[rows // 2][None]
+            return dp_test_case.per_example_xent(y_true, logits + into)
+
+        model = plain_model()
+        with self.assertRaisesRegex(ValueError, "loss 'row_into_first' mixes examples"):
+            sensitivity.probe_training(model, row_into_first, self._batch(model, 8), 1.0)
 
     def test_batch_mean_loss_refused_naming_it(self):
         model = plain_model()

@@ -1,15 +1,20 @@
 """Keras `fit` runs the training probe before its first update.
 
 At the fit batch size, with the compiled loss: a layer that mixes examples
-only from 4 rows on, and a loss that is not per-example, are refused, and
-the weights stay as they were.
+only from 4 rows on, one that adds any row into another (also across users
+at user level), one that writes non-trainable state from the batch, and a
+loss that is not per-example, are refused, and the weights stay as they were.
 """
 
 import keras
 import tensorflow as tf
 
 import tfdp
+from tests.dp.test_training_probe import AddsRowInto
+from tests.dp.test_training_probe import RunningMean
+from tests.dp.test_training_probe import StatsAfterOutput
 from tests.dp.test_training_probe import batch_mean_xent
+from tests.dp.test_training_probe import dense_model
 from tests.dp.test_training_probe import mixing_model
 from tests.dp.test_training_probe import plain_model
 from tests.keras import keras_test_case as ktc
@@ -21,11 +26,11 @@ def _data(n=16):
     return x, y
 
 
-def _private(model, loss, method="auto"):
+def _private(model, loss, method="auto", **kwargs):
     dp = tfdp.make_private(model)
     dp.compile(optimizer=tfdp.DPOptimizer(keras.optimizers.SGD(0.1), l2_norm_clip=1.0,
                                           noise_multiplier=0.0, method=method,
-                                          insecure_reproducible_seed=0), loss=loss)
+                                          insecure_reproducible_seed=0, **kwargs), loss=loss)
     return dp
 
 
@@ -52,6 +57,30 @@ class KerasTrainingProbeTest(ktc.KerasTestCase):
         ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
         dp = _private(mixing_model(8), ktc.xent())
         self._refused(dp, "Layer 'mixes_from_8' mixes examples", ds)
+
+    def test_a_middle_or_random_row_added_into_row_0_refused(self):
+        for source in ("middle", None):
+            self._refused(_private(dense_model(AddsRowInto(0, source, name="adds_row")),
+                                   ktc.xent()), "Layer 'adds_row' mixes examples", _data())
+
+    def test_a_row_of_another_user_refused_at_user_level(self):
+        x, y = _data()
+        dp = _private(dense_model(AddsRowInto(0, 2, name="cross_user")), ktc.xent(),
+                      privacy_unit="user", max_examples_per_user=2)
+        before = ktc.weights(dp)
+        with self.assertRaisesRegex(ValueError, "Layer 'cross_user' mixes examples"):
+            dp.fit(x, y, user_ids=tf.range(16).numpy() // 2, batch_size=8, epochs=1,
+                   verbose=0)
+        self.assertWeightsClose(ktc.weights(dp), before, rtol=0, atol=0)
+
+    def test_state_written_from_the_batch_refused(self):
+        for layer in (RunningMean(name="running"),
+                      StatsAfterOutput(name="leaky_bn", trainable=False)):
+            dp = _private(dense_model(layer), ktc.xent())
+            state = [v.numpy() for v in dp.non_trainable_variables]
+            self._refused(dp, f"Layer '{layer.name}' writes variable", _data())
+            for b, v in zip(state, dp.non_trainable_variables):
+                self.assertAllEqual(b, v.numpy())
 
     def test_batch_mean_loss_refused(self):
         self._refused(_private(plain_model(), batch_mean_xent),

@@ -90,7 +90,8 @@ def resolve_method(model, method, x=None):
 
     Raises:
         ValueError: for an unknown method; for a model with a layer that mixes
-            examples (any method); for a tapped method and a model whose
+            examples or writes non-trainable state from the batch (any
+            method); for a tapped method and a model whose
             variables are not all read only by their owning layers.
     """
     if method not in METHODS:
@@ -102,6 +103,7 @@ def resolve_method(model, method, x=None):
     report = model_probe.probe(model, x)
     if report is not None:
         report.refuse_mixing()
+        report.refuse_state_writes()
     if method == "auto":
         if uncovered_variables(model) or (report is not None and report.foreign_reads):
             logging.warning(

@@ -2,8 +2,8 @@
 
 The tapped clipping methods ("ghost", "mixed", "bk") see a trainable variable
 only through the calls of the layer that owns it, and every method assumes
-that an example's outputs depend on that example alone. Two forward
-passes on a probe batch of distinct random examples check both, at the
+that an example's outputs depend on that example alone. Forward passes
+on a probe batch of distinct random examples check both, at the
 physical batch size training uses (at least `MIN_PROBE_ROWS`: a layer may
 mix examples only in batches of some size, e.g. from 4 rows on):
 
@@ -14,22 +14,34 @@ mix examples only in batches of some size, e.g. from 4 rows on):
   embeddings, a kernel shared through a custom layer), or read by the model
   outside any layer, is a *foreign read*: the tapped methods would miss that
   use of it.
-- Examples mixing. Example 0 of the probe batch is replaced and the passes
-  compared: a layer whose outputs for the other examples change while their
-  inputs did not mixes examples (e.g. subtracts the batch mean). The random
-  state of Keras layers (seed generators) is restored before each pass so
-  that dropout draws the same masks. Each layer call's inputs and outputs
-  are kept only as a digest of every other example's values (their largest
+- Examples mixing, every row. A pass on the probe batch is compared with
+  passes in which a set S of rows is replaced by other values: a layer
+  whose outputs in the rows outside S change while its inputs there did
+  not lets a row depend on another (e.g. subtracts the batch mean, or adds
+  row j into row i). The sets come from `changed_row_sets`: for every
+  ordered pair of rows (i, j), some set holds j and not i, so a dependence
+  of any row on any other row is tested, with m + 1 passes where
+  C(m, m/2) >= rows (12 passes at 256 rows). The random state of Keras
+  layers (seed generators) is restored before each pass so that dropout
+  draws the same masks; a pass that draws other random values without
+  them is traced anew with a fixed graph seed. Each layer call's inputs
+  and outputs are kept only as a digest of every row's values (its largest
   magnitude and signed sums of `DIGEST_CHUNK` values). The passes run as a
-  graph (a `tf.function` traced once per training flag), so the probe
-  needs about the memory of an inference pass, well below a training
-  step's.
+  graph (a `tf.function`), so the probe needs about the memory of an
+  inference pass, well below a training step's.
+- State written from data. A non-trainable variable (other than a Keras
+  seed generator's) that a training pass changes, to a value that depends
+  on the batch, would carry private data out of training without noise
+  (a running mean, a BatchNorm subclass updating its statistics): it is
+  reported by the layer and variable that hold it.
 
 Results are cached per model, input signature, rows and set of trainable
 variables.
 """
 
 import dataclasses
+import itertools
+import math
 import threading
 import weakref
 
@@ -65,6 +77,14 @@ class ForeignRead:
 
 
 @dataclasses.dataclass
+class StateWrite:
+    """A non-trainable variable that a training pass sets from the batch."""
+
+    layer: str
+    variable: str
+
+
+@dataclasses.dataclass
 class ProbeReport:
     """What `probe` found.
 
@@ -72,10 +92,30 @@ class ProbeReport:
         foreign_reads: list of `ForeignRead`.
         mixing_layer: str or None. The first layer (or the model) whose outputs
             for one example depend on other examples.
+        state_writes: list of `StateWrite`. Non-trainable variables that a
+            training pass changes to a value that depends on the batch.
     """
 
     foreign_reads: list
     mixing_layer: str = None
+    state_writes: list = dataclasses.field(default_factory=list)
+
+    def refuse_state_writes(self):
+        """Raises when a training pass writes state computed from the batch."""
+        if not self.state_writes:
+            return
+        write = self.state_writes[0]
+        others = len(self.state_writes) - 1
+        more = f" (and {others} more variable{'s' if others > 1 else ''})" if others else ""
+        raise ValueError(
+            f"Layer '{write.layer}' writes variable '{write.variable}'{more} from the "
+            "batch during training (e.g. a running mean, or batch statistics). That "
+            "value would leave training without noise, in the model and its "
+            "checkpoints, and no epsilon covers it. Keep the state out of training "
+            "(compute it before, from public data, or freeze the layer in inference "
+            "mode) or make it a trainable weight. "
+            f"Received: layer={write.layer!r}, variable={write.variable!r}"
+        )
 
     def refuse_mixing(self):
         """Raises when a layer mixes examples: no method can bound it."""
@@ -184,7 +224,7 @@ def _signature(model, x):
 
 
 def probe_inputs(model, shape, dtype, rows, seed=0):
-    """A batch of `rows` distinct random inputs, and a copy with row 0 changed.
+    """A batch of `rows` distinct random inputs, and other values for each row.
 
     Args:
         model: keras.Model. Integer inputs are valid ids for all of its
@@ -195,7 +235,8 @@ def probe_inputs(model, shape, dtype, rows, seed=0):
         seed: int. Defaults to 0.
 
     Returns:
-        `(x, changed)`: two tensors `[rows, *shape]`.
+        `(x, other)`: two tensors `[rows, *shape]`; every row of `other`
+        differs from the same row of `x`.
     """
     rng = np.random.default_rng(seed)
     size = (rows,) + tuple(shape)
@@ -205,25 +246,54 @@ def probe_inputs(model, shape, dtype, rows, seed=0):
                 if isinstance(layer, keras.layers.Embedding)]
         bound = min(dims) if dims else 2
         x = rng.integers(0, bound, size=size)
-        other = (x[0] + 1) % bound
+        other = (x + 1) % bound
     else:
         x = rng.normal(size=size)
-        other = 3.0 * rng.normal(size=tuple(shape))
-    changed = x.copy()
-    changed[0] = other
-    return tf.constant(x, dtype), tf.constant(changed, dtype)
+        other = 3.0 * rng.normal(size=size)
+    return tf.constant(x, dtype), tf.constant(other, dtype)
+
+
+def changed_row_sets(rows):
+    """Sets of rows to change such that every row is tested against every other.
+
+    Row r gets the r-th m-bit code with m // 2 ones; set t holds the rows
+    whose code has bit t. No such code is contained in another (they all
+    have m // 2 ones), so for every ordered pair of distinct rows (i, j)
+    some set holds j and not i: the pass that changes that set shows a
+    dependence of row i on row j. m is the least with C(m, m // 2) >= rows,
+    close to the fewest sets possible (Sperner): 4 sets for 4 rows, 7 for
+    32, 11 for 256.
+
+    Args:
+        rows: int. Rows of the batch (at least 2).
+
+    Returns:
+        bool array `[m, rows]`, one set a row, without sets that hold every
+        row or none.
+    """
+    m = 2
+    while math.comb(m, m // 2) < rows:
+        m += 1
+    sets = np.zeros([m, rows], bool)
+    for r, code in enumerate(itertools.islice(itertools.combinations(range(m), m // 2), rows)):
+        sets[list(code), r] = True
+    return sets[sets.any(axis=1) & ~sets.all(axis=1)]
 
 
 # Eager Python throughout: AutoGraph, which converts what a traced train step
 # calls, would turn its float() and comparisons into graph ops.
 @tf.autograph.experimental.do_not_convert
 def _probe(model, shape, dtype, rows):
-    x, changed = probe_inputs(model, shape, dtype, rows)
+    x, other = probe_inputs(model, shape, dtype, rows)
     state = [(v, v.numpy()) for v in model.non_trainable_variables]
     digest = _Digester(rows)
-    traced = {}  # training -> the `_Trace` of its tracing (layers, reads).
+    traced = {}  # training -> the `_Trace` of its latest tracing (layers, reads).
 
     def forward(inputs, training):
+        if fixed_seed:
+            # The graph's own seed (not the global one): ops without a seed
+            # get the same seeds in every tracing, so each pass draws alike.
+            tf.random.set_seed(0)
         trace = _traced_forward(model, inputs, training, digest)
         traced[training] = trace
         return [(d_in, d_out) for _, d_in, d_out in trace.calls], trace.outputs
@@ -232,31 +302,64 @@ def _probe(model, shape, dtype, rows):
     # model holds every layer's output until its end (ResNet-50-GN, 224 px,
     # 40 rows: +4.8 GB eagerly, +0.36 GB as a graph). The variable reads are
     # those of the tracing; the digests are the graph's outputs.
-    forward = tf.function(forward, autograph=False)
+    fixed_seed = False
+    graph = tf.function(forward, autograph=False)
 
     def run(inputs, training):
-        for v, value in state:
-            v.assign(value)
-        digests, outputs = forward(inputs, training)
-        return traced[training].with_values(digests, outputs)
+        for v, _ in state:
+            v.assign(initial[id(v)])
+        # With a fixed seed each pass is traced anew: a traced random op
+        # draws new values at every call.
+        fn = tf.function(forward, autograph=False) if fixed_seed else graph
+        digests, outputs = fn(inputs, training)
+        after = {id(v): v.numpy() for v in written}
+        return traced[training].with_values(digests, outputs), after
 
-    first = run(x, True)
-    other = run(changed, True)
-    mixing = _mixing_layer(model, first, other, rows)
-    if mixing is not None and not _same(first, run(x, True), rows):
-        # Randomness outside Keras seed generators: compare inference passes.
-        mixing = _mixing_layer(model, run(x, False), run(changed, False), rows)
+    initial = {id(v): value for v, value in state}
+    written = []
+    first, _ = run(x, True)
+    # Variables a training pass changed (seed generators' states among them).
+    written = [v for v, value in state
+               if v.shape == value.shape and not np.array_equal(v.numpy(), value)]
+    training = True
+    for attempt in range(3):
+        first, first_state = run(x, training)
+        again, _ = run(x, training)
+        if _same(first, again, np.ones([rows], bool)):
+            break
+        if attempt == 0:
+            fixed_seed = True  # Random draws outside Keras seed generators.
+        else:
+            training = False  # Random even so: compare inference passes.
+    mixing, moved = None, set()
+    for changed in changed_row_sets(rows):
+        mask = tf.constant(changed.reshape((rows,) + (1,) * len(shape)))
+        result, result_state = run(tf.where(mask, other, x), training)
+        if mixing is None:
+            mixing = _mixing_layer(model, first, result, ~changed)
+        moved.update(i for i, value in result_state.items()
+                     if not np.array_equal(value, first_state[i]))
     for v, value in state:
         v.assign(value)
-    return ProbeReport(_foreign_reads(model, first), mixing)
+    writes = [StateWrite(_owner_name(model, v), v.path) for v in written if id(v) in moved]
+    return ProbeReport(_foreign_reads(model, first), mixing, writes)
+
+
+def _owner_name(model, variable):
+    """The name of the innermost layer holding `variable` (or the model's)."""
+    found = model.name
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        if any(v is variable for v in layer._trainable_variables + layer._non_trainable_variables):
+            found = layer.name
+    return found
 
 
 class _Digester:
-    """Digests of batch-first tensors: what a comparison of rows 1: needs.
+    """Digests of batch-first tensors: what a comparison of rows needs.
 
-    A tensor of `rows` rows becomes `(scale, sums)`: the largest magnitude
-    of rows 1:, and each of those rows as float32 sums of `DIGEST_CHUNK`
-    consecutive values times fixed random signs (`[rows - 1, ceil(d /
+    A tensor of `rows` rows becomes `(scales, sums)`: each row's largest
+    magnitude (`[rows]`), and each row as float32 sums of `DIGEST_CHUNK`
+    consecutive values times fixed random signs (`[rows, ceil(d /
     DIGEST_CHUNK)]`). Other tensors (scalars, strings, other batch sizes)
     become None, and comparisons skip them. Graph ops: called while the
     passes are traced.
@@ -275,34 +378,35 @@ class _Digester:
                     or t.shape[0] != self.rows or t.dtype in (tf.string, tf.bool)):
                 digests.append(None)
                 continue
-            others = tf.reshape(tf.cast(t[1:], tf.float32), [self.rows - 1, -1])
-            size = tf.shape(others)[1]
+            values = tf.reshape(tf.cast(t, tf.float32), [self.rows, -1])
+            size = tf.shape(values)[1]
             # The same signs for a size in every pass (a stateless draw).
             seed = tf.stack([tf.cast(size, tf.int64), tf.constant(0, tf.int64)])
             bits = tf.random.stateless_uniform([size], seed=seed, minval=0, maxval=2,
                                                dtype=tf.int32)
             signs = tf.cast(2 * bits - 1, tf.float32)
             padded = tf.math.floormod(-size, DIGEST_CHUNK)
-            signed = tf.pad(others * signs, [[0, 0], [0, padded]])
-            sums = tf.reduce_sum(tf.reshape(signed, [self.rows - 1, -1, DIGEST_CHUNK]), axis=2)
+            signed = tf.pad(values * signs, [[0, 0], [0, padded]])
+            sums = tf.reduce_sum(tf.reshape(signed, [self.rows, -1, DIGEST_CHUNK]), axis=2)
             # An empty row's maximum is -inf: its scale is 0.
-            scale = tf.maximum(tf.reduce_max(tf.abs(others)), 0.0)
-            digests.append((scale, sums))
+            scales = tf.maximum(tf.reduce_max(tf.abs(values), axis=1), 0.0)
+            digests.append((scales, sums))
         return digests
 
 
-def _digests_same(a, b):
-    """Whether two digests agree on rows 1: to `TOLERANCE` of their scale."""
+def _digests_same(a, b, kept):
+    """Whether two digests agree on the `kept` rows to `TOLERANCE` of `a`'s scale."""
     if len(a) != len(b):
         return False
     for u, w in zip(a, b):
         if u is None or w is None:
             continue
-        (scale, sums_u), (_, sums_w) = u, w
-        sums_u, sums_w = np.asarray(sums_u), np.asarray(sums_w)
+        (scales, sums_u), (_, sums_w) = u, w
+        sums_u, sums_w = np.asarray(sums_u)[kept], np.asarray(sums_w)[kept]
         if sums_u.shape != sums_w.shape:
             return False
-        tolerance = TOLERANCE * max(float(scale), 1e-6)
+        scale = float(np.max(np.asarray(scales)[kept], initial=0.0))
+        tolerance = TOLERANCE * max(scale, 1e-6)
         if float(np.max(np.abs(sums_u - sums_w), initial=0.0)) > tolerance:
             return False
     return True
@@ -402,39 +506,53 @@ def _foreign_reads(model, trace):
     return found
 
 
-def _rows(t, rows):
-    """Rows 1: of a batch-first tensor (`rows` rows) as float64, or None."""
+def _kept_rows(t, kept):
+    """The `kept` rows of a batch-first tensor as float64, or None."""
+    rows = len(kept)
     if not isinstance(t, (tf.Tensor, tf.Variable)) or t.shape.rank in (None, 0):
         return None
     if t.shape[0] != rows or t.dtype in (tf.string, tf.bool):
         return None
-    return tf.cast(t[1:], tf.float64).numpy()
+    return tf.cast(t, tf.float64).numpy()[kept]
 
 
-def _same(a_trace, b_trace, rows):
-    return _nest_same(a_trace.outputs, b_trace.outputs, rows)
+def _same(a_trace, b_trace, kept):
+    return nest_rows_same(a_trace.outputs, b_trace.outputs, kept)
 
 
-def _nest_same(a, b, rows):
+def nest_rows_same(a, b, kept, tolerance=TOLERANCE):
+    """Whether two nests of batch-first tensors agree on the `kept` rows.
+
+    Args:
+        a: nest of tensors. The reference (its scale sets the tolerance).
+        b: nest of tensors. The same structure.
+        kept: bool array `[rows]`. The rows compared; tensors of another
+            batch size, scalars and strings are skipped.
+        tolerance: float. Relative to `a`'s largest magnitude on those rows.
+            Defaults to `TOLERANCE`.
+
+    Returns:
+        bool.
+    """
     flat_a, flat_b = tf.nest.flatten(a), tf.nest.flatten(b)
     if len(flat_a) != len(flat_b):
         return False
     for u, w in zip(flat_a, flat_b):
-        ru, rw = _rows(u, rows), _rows(w, rows)
+        ru, rw = _kept_rows(u, kept), _kept_rows(w, kept)
         if ru is None or rw is None:
             continue
         scale = max(float(np.max(np.abs(ru), initial=0.0)), 1e-6)
-        if ru.shape != rw.shape or float(np.max(np.abs(ru - rw), initial=0.0)) > TOLERANCE * scale:
+        if ru.shape != rw.shape or float(np.max(np.abs(ru - rw), initial=0.0)) > tolerance * scale:
             return False
     return True
 
 
-def _mixing_layer(model, first, other, rows):
-    """The first layer whose outputs for examples 1: changed with same inputs."""
+def _mixing_layer(model, first, other, kept):
+    """The first layer whose outputs in the `kept` rows changed with same inputs."""
     if len(first.calls) == len(other.calls):
         for (layer, x_a, y_a), (_, x_b, y_b) in zip(first.calls, other.calls):
-            if _digests_same(x_a, x_b) and not _digests_same(y_a, y_b):
+            if _digests_same(x_a, x_b, kept) and not _digests_same(y_a, y_b, kept):
                 return layer.name
-    if not _same(first, other, rows):
+    if not _same(first, other, kept):
         return model.name
     return None

@@ -108,10 +108,11 @@ def refuse_unbounded(figure, method):
 def refuse_mixing_loss(loss, y_pred, y_true, model):
     """Raises when `loss`'s value for one example depends on another example.
 
-    Example 0's prediction and target are changed; every other example's
-    loss must stay the same. A batch-mean inside the loss (e.g. the
-    cross-entropy of `p − mean_over_batch(p)`) fails this: no clipping of
-    per-example gradients can bound it.
+    For each set of `model_probe.changed_row_sets`, those rows' predictions
+    and targets are changed; every other row's loss must stay the same. So a
+    dependence of any row's loss on any other row is tested. A batch mean
+    inside the loss (e.g. the cross-entropy of `p − mean_over_batch(p)`)
+    fails this: no clipping of per-example gradients can bound it.
 
     Args:
         loss: callable. `(y_true, y_pred) -> [B]`, the loss of training.
@@ -124,32 +125,41 @@ def refuse_mixing_loss(loss, y_pred, y_true, model):
     """
     y_pred = tf.convert_to_tensor(y_pred)
     y_true = tf.convert_to_tensor(y_true)
-    if int(y_pred.shape[0]) < 2:
+    rows = int(y_pred.shape[0])
+    if rows < 2:
         return
-    first = y_pred[0] if y_pred.shape.rank < 2 else tf.reverse(y_pred[0], axis=[-1])
-    changed_pred = tf.tensor_scatter_nd_update(
-        y_pred, [[0]], [first * tf.cast(3.0, y_pred.dtype) + tf.cast(1.0, y_pred.dtype)])
-    other_label = tf.reverse(y_true[1], axis=[-1]) if y_true.shape.rank > 1 else y_true[1]
-    changed_true = tf.tensor_scatter_nd_update(y_true, [[0]], [other_label])
+    # Other predictions and targets for every row: reversed classes scaled
+    # (a scalar output shifted), and another row's target.
+    flipped = y_pred if y_pred.shape.rank < 2 else tf.reverse(y_pred, axis=[-1])
+    other_pred = flipped * tf.cast(3.0, y_pred.dtype) + tf.cast(1.0, y_pred.dtype)
+    other_true = tf.roll(y_true, shift=1, axis=0)
     before = tf.cast(tf.reshape(loss(y_true, y_pred), [-1]), tf.float64).numpy()
-    after = tf.cast(tf.reshape(loss(changed_true, changed_pred), [-1]), tf.float64).numpy()
-    if before.shape != after.shape or before.shape[0] != y_pred.shape[0]:
+    if before.shape[0] != rows:
         raise ValueError(
             f"The loss of model '{model.name}' must give one value per example. "
-            f"Received: {before.shape[0]} values for a batch of {int(y_pred.shape[0])}, "
+            f"Received: {before.shape[0]} values for a batch of {rows}, "
             f"loss={_name(loss)}"
         )
-    scale = max(float(np.max(np.abs(before[1:]), initial=0.0)), 1e-6)
-    moved = float(np.max(np.abs(before[1:] - after[1:]), initial=0.0))
-    if moved > 1e-5 * scale:
-        raise ValueError(
-            f"The loss {_name(loss)} mixes examples: changing one example's prediction "
-            "and target changes the losses of the other examples of the batch (e.g. a "
-            "batch mean inside the loss). Per-example clipping cannot bound such a loss, "
-            "so training would not be differentially private. Use a loss whose value "
-            "for each example depends on that example alone. "
-            f"Received: loss={_name(loss)}, change of the other examples' losses={moved:.3g}"
-        )
+    for changed in model_probe.changed_row_sets(rows):
+        def pick(other, same):
+            mask = tf.reshape(tf.constant(changed), [rows] + [1] * (same.shape.rank - 1))
+            return tf.where(mask, other, same)
+
+        after = tf.cast(tf.reshape(
+            loss(pick(other_true, y_true), pick(other_pred, y_pred)), [-1]), tf.float64).numpy()
+        kept = ~changed
+        scale = max(float(np.max(np.abs(before[kept]), initial=0.0)), 1e-6)
+        moved = float(np.max(np.abs(before[kept] - after[kept]), initial=0.0))
+        if moved > 1e-5 * scale:
+            raise ValueError(
+                f"The loss {_name(loss)} mixes examples: changing some examples' "
+                "predictions and targets changes the losses of other examples of the "
+                "batch (e.g. a batch mean inside the loss). Per-example clipping cannot "
+                "bound such a loss, so training would not be differentially private. "
+                "Use a loss whose value for each example depends on that example "
+                f"alone. Received: loss={_name(loss)}, change of the other examples' "
+                f"losses={moved:.3g}"
+            )
 
 
 def _name(loss):
@@ -165,26 +175,30 @@ def probe_training(model, loss, batch, l2_norm_clip, method="auto", leave_out=LE
     the physical batches of training (at least `model_probe.MIN_PROBE_ROWS`)
     and the loss of training, in three parts:
 
-    1. Layers: `model_probe.probe` changes one example and compares every
-       other example's outputs, layer by layer (names the first layer that
-       mixes examples, e.g. batch statistics, also one that does so only
-       from some batch size on).
-    2. The loss: `refuse_mixing_loss` changes one example's prediction and
-       target and compares every other example's loss (names the loss).
+    1. Layers: `model_probe.probe` changes sets of rows such that every
+       row is tested against every other, and compares the unchanged rows'
+       outputs, layer by layer (names the first layer that lets a row depend
+       on another, e.g. batch statistics or a layer adding row j into row
+       i, also one that does so only from some batch size on); it also
+       refuses a layer that writes non-trainable state from the batch.
+    2. The loss: `refuse_mixing_loss` changes the predictions and targets
+       of the same sets of rows and compares every other row's loss (names
+       the loss).
     3. The engine: the leave-one-out sensitivity (`check_sensitivity`) of
        `leave_out` examples (evenly spaced from the first to the last), each
        left out of the FULL batch. Refused above 1 + `TOLERANCE`.
 
     Why a few leave-outs suffice: what makes the sensitivity exceed C is a
     dependence between examples or a per-layer error of the engine. Parts 1
-    and 2 test the dependence on every other row of the batch, at the real
+    and 2 test the dependence of every row on every other row, at the real
     batch size. The engine's per-example norms and clipping treat every row
     alike, and the probe's rows are exchangeable (i.i.d. random), so an
     engine error shows on any example left out; the full batch keeps the
     batch-size-dependent code paths of training. Leaving out every example
     would cost one clipped sum per row (256 at a physical batch of 256) and
     find nothing the first and last cannot: the cost is `leave_out` + 1
-    clipped sums and three forward passes at the physical batch size. Like
+    clipped sums and m + 3 forward passes at the physical batch size, m the
+    number of row sets (7 at 32 rows, 11 at 256). Like
     any probe this is a check, not a proof.
 
     Args:
@@ -211,6 +225,7 @@ def probe_training(model, loss, batch, l2_norm_clip, method="auto", leave_out=LE
     report = model_probe.probe(model, x, rows=rows)
     if report is not None:
         report.refuse_mixing()
+        report.refuse_state_writes()
     resolved = clipping.resolve_method(model, method, x)
     state = [(v, v.numpy()) for v in model.non_trainable_variables]
     try:

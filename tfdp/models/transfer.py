@@ -263,6 +263,7 @@ def freeze_unclippable(model, freeze_rules=()):
     report = model_probe.probe(model)
     if report is not None:
         report.refuse_mixing()
+        report.refuse_state_writes()
         for read in report.foreign_reads:
             for path, layer in by_name.get(read.owner, ()):
                 if layer.trainable:
