@@ -162,14 +162,21 @@ class DPSGD:
         self._require_sampler("The DP event")
         return self.sampler.dp_event(self.noise_multiplier, steps)
 
-    def ledger(self, steps=0):
-        """A `PrivacyLedger` of this contract after `steps` steps."""
+    def ledger(self, steps=0, sensitivity=1):
+        """A `PrivacyLedger` of this contract after `steps` steps.
+
+        Args:
+            steps: int. Logical steps taken. Defaults to `0`.
+            sensitivity: float. How far one privacy unit moves a clipped sum,
+                in units of C (`PrivacyLedger`): 1 where each unit is clipped
+                alone, 2 for microbatches of several examples. Defaults to `1`.
+        """
         self._require_sampler("The privacy ledger")
         return ledger_lib.PrivacyLedger(
             self.noise_multiplier, self.sampler.sampling_rate, delta=self.delta, steps=steps,
             sampler=self.sampler.name, accountant=self.accountant,
             dataset_size=self.sampler.dataset_size, batch_size=self.sampler.logical_batch_size,
-            l2_norm_clip=self.l2_norm_clip,
+            l2_norm_clip=self.l2_norm_clip, sensitivity=sensitivity,
         )
 
     def epsilon(self, steps):

@@ -1,5 +1,6 @@
 """TF-Privacy's Keras optimizers and models on tfdp: semantics and errors."""
 
+import dp_accounting
 import keras
 import numpy as np
 import pytest
@@ -280,3 +281,54 @@ def test_save_and_load(tmp_path):
             np.testing.assert_array_equal(a, b)
         loaded.fit(x, y, batch_size=16, epochs=1, verbose=0)
         assert loaded.optimizer.iterations.numpy() == 4
+
+
+def _shuffle_epsilon(sigma, passes, delta):
+    """One Gaussian mechanism per pass, composed with dp_accounting's own RDP accountant."""
+    accountant = dp_accounting.rdp.RdpAccountant()
+    accountant.compose(dp_accounting.GaussianDpEvent(sigma), passes)
+    return accountant.get_epsilon(delta)
+
+
+def test_dp_sequential_with_microbatches_prints_epsilon_at_half_sigma(capsys):
+    # Microbatches of 4 examples: one example moves its microbatch's clipped
+    # mean by up to 2C, so both relations' epsilon is that of sigma / 2.
+    x, y = digits(40)
+    model = tensorflow_privacy.DPSequential(1.0, 1.1, 4, layers=tiny_model().layers)
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=_loss())
+    model.fit(x, y, batch_size=16, epochs=2, verbose=0,
+              callbacks=[tfdp.callbacks.PrivacyLogger()])
+    assert "PrivacyLogger: epsilon=" in capsys.readouterr().out
+    ledger = model.privacy_ledger()
+    # 40 // 16 = 2 steps per pass, 2 passes: the shuffle sampler fit really used.
+    assert (ledger.sampler, ledger.steps, ledger.sensitivity) == ("shuffle", 4, 2)
+    expected = _shuffle_epsilon(1.1 / 2, 2, 1e-5)
+    np.testing.assert_allclose(model.epsilon(), expected, rtol=1e-9)
+    np.testing.assert_allclose(ledger.epsilon_replace_one(), expected, rtol=1e-9)
+    text = model.describe_epsilon()
+    for part in ("at delta=1e-05", "zero_out adjacency", "sensitivity 2C",
+                 "4 microbatches of 4 examples", "halves the effective noise multiplier"):
+        assert part in text
+    assert text.startswith(f"epsilon={expected:.4f}")
+
+
+@pytest.mark.parametrize("num_microbatches, sensitivity", [(4, 2), (16, 1)])
+def test_optimizer_microbatches_ledger(num_microbatches, sensitivity):
+    # Through a tfdp.make_private model; 16 microbatches of a 16-row batch
+    # hold one example each, the per-example sensitivity C.
+    x, y = digits(32)
+    model = tfdp.make_private(tiny_model())
+    model.compile(
+        optimizer=tensorflow_privacy.DPKerasSGDOptimizer(
+            1.0, 1.1, num_microbatches, learning_rate=0.1),
+        loss=_loss(),
+    )
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    ledger = model.privacy_ledger()
+    assert ledger.sensitivity == sensitivity
+    np.testing.assert_allclose(
+        model.epsilon(), _shuffle_epsilon(1.1 / sensitivity, 1, 1e-5), rtol=1e-9)
+    np.testing.assert_allclose(
+        ledger.epsilon_replace_one(), _shuffle_epsilon(1.1 / 2, 1, 1e-5), rtol=1e-9)
+    assert ("halves the effective noise multiplier" in model.describe_epsilon()) == (
+        sensitivity == 2)

@@ -246,6 +246,24 @@ class PrivacyLedgerTest(parameterized.TestCase):
         with self.assertRaises(ValueError):
             PrivacyLedger.from_json(text)
 
+    def test_sensitivity_two_accounts_half_sigma_for_both_relations(self):
+        # Microbatches: zero-out and replace-one both move one clipped vector
+        # of norm <= C to another, so both are the epsilon of sigma / 2.
+        kw = dict(sampler="shuffle", steps=40)
+        ledger = _ledger(sensitivity=2, **kw)
+        half = _ledger(noise_multiplier=0.55, **kw)
+        self.assertEqual(ledger.noise_multiplier, 1.1)
+        self.assertEqual(ledger.effective_noise_multiplier, 0.55)
+        self.assertAlmostEqual(ledger.epsilon(), half.epsilon(), places=12)
+        self.assertAlmostEqual(ledger.epsilon_replace_one(), half.epsilon(), places=12)
+        self.assertIn("sensitivity 2C", ledger.describe_epsilon())
+        self.assertEqual(PrivacyLedger.from_json(ledger.to_json()), ledger)
+        self.assertEqual(ledger.differences(_ledger(**kw)), {"sensitivity": (2, 1)})
+        # Per-example ledgers keep their JSON.
+        self.assertNotIn("sensitivity", _ledger(**kw).to_dict())
+        with self.assertRaisesRegex(ValueError, r"sensitivity must be .*Received: sensitivity=3"):
+            _ledger(sensitivity=3)
+
     def test_str_and_repr(self):
         ledger = _ledger(steps=100)
         self.assertIn("steps=100", repr(ledger))

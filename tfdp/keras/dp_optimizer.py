@@ -565,7 +565,16 @@ class DPOptimizer(keras.optimizers.Optimizer):
         mech = self.accounting_mechanism(dataset_size, delta)
         if steps is None:
             steps = self.accounted_steps(mech.sampler.steps_per_epoch)
-        return mech.ledger(steps)
+        return mech.ledger(steps, sensitivity=self.sensitivity)
+
+    @property
+    def sensitivity(self):
+        """How far one privacy unit moves a step's clipped sum, in units of C: 1.
+
+        Each unit (an example, or a user's block) is clipped alone to C.
+        `tfdp.compat.tensorflow_privacy`'s microbatches override it.
+        """
+        return 1
 
     def describe_epsilon(self, *, dataset_size=None, delta=None, steps=None, epsilon=None,
                          brief=False):

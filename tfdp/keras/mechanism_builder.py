@@ -83,6 +83,9 @@ class MechanismBuilder:
         self._plan_key = None
         # TF-Privacy's microbatch divisor (`set_noise_divisor`); None: B.
         self.noise_divisor = None
+        # B of the last plan, in privacy units: what the ledger accounts,
+        # also where the noise divisor is not B.
+        self._planned_batch = None
         if mechanism is not None:
             self._init_given(mechanism, l2_norm_clip=l2_norm_clip,
                              noise_multiplier=noise_multiplier,
@@ -179,8 +182,9 @@ class MechanismBuilder:
     def set_noise_divisor(self, divisor):
         """Divides the noisy sum by `divisor` instead of B (TF-Privacy's microbatches).
 
-        The ledger then no longer describes the run (the microbatch
-        sensitivity differs): `tfdp.compat.tensorflow_privacy` refuses it.
+        The mechanism then carries no sampler (its divisor is not B);
+        `accounting_mechanism` accounts the sampler and B of the plan, and
+        `tfdp.compat.tensorflow_privacy` the sensitivity of its microbatches.
         """
         self.noise_divisor = None if divisor is None else float(divisor)
         self._plan_key = None
@@ -236,6 +240,7 @@ class MechanismBuilder:
                 "`fit(x, y, user_ids=...)`. Received: user_ids=None"
             )
         batch, n = self._sizes(arrays, dataset_size, physical_batch_size)
+        self._planned_batch = batch
         sampler = None
         if route in fit_plan_lib.ARRAY_ROUTES:
             sampler = samplers.make_sampler(
@@ -333,7 +338,8 @@ class MechanismBuilder:
         kwargs = dict(delta=self.delta or privacy_accounting.default_delta(n),
                       accountant=current.accountant, secret_key=current.secret_key)
         if self.noise_divisor is not None:
-            # TF-Privacy's microbatch divisor: no ledger (see the compat ledger).
+            # TF-Privacy's microbatch divisor is not B, so this mechanism
+            # carries no sampler; `accounting_mechanism` accounts the plan's.
             return mechanism_lib.DPSGD(current.l2_norm_clip, current.noise_multiplier,
                                        expected_batch_size=self.noise_divisor, **kwargs)
         if sampler is None:
@@ -366,9 +372,11 @@ class MechanismBuilder:
                 "`expected_batch_size=` to the DPOptimizer, or "
                 "`batch_size=` to `fit`, or a dataset with a static batch size."
             )
-        sampler = mech.sampler
-        if sampler is not None and not dataset_size and not delta:
+        if mech.sampler is not None and not dataset_size and not delta:
             return mech
+        # A mechanism without a sampler (a stream, TF-Privacy's microbatch
+        # divisor): the plan's sampler drew the batches, if there is one.
+        sampler = mech.sampler or (self.fit_plan.sampler if self.fit_plan else None)
         n = dataset_size or (sampler.dataset_size if sampler else self.dataset_size)
         if not n:
             raise ValueError(
@@ -380,7 +388,9 @@ class MechanismBuilder:
         if sampler is not None:
             name, batch = sampler.name, sampler.logical_batch_size
         else:
-            name, batch = self.fit_plan.sampler_name, int(round(mech.expected_batch_size))
+            name = self.fit_plan.sampler_name
+            batch = (self._planned_batch if self._planned_batch is not None
+                     else int(round(mech.expected_batch_size)))
         delta = (delta or self.delta or (mech.delta if self.given else None)
                  or privacy_accounting.default_delta(n))
         return mechanism_lib.DPSGD(

@@ -68,7 +68,8 @@ def example_level_claim(ledger, group_size, steps=None):
     """
     steps = ledger.steps if steps is None else steps
     example_epsilon = accounting.epsilon(
-        ledger.noise_multiplier, steps, ledger.delta, sampling_rate=ledger.sampling_rate,
+        ledger.effective_noise_multiplier, steps, ledger.delta,
+        sampling_rate=ledger.sampling_rate,
         accountant=ledger.accountant)
     group_epsilon, group_delta = group_privacy(example_epsilon, ledger.delta, group_size)
     return {"example_epsilon": example_epsilon, "group_size": int(group_size),

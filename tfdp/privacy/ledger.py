@@ -19,7 +19,11 @@ _FIELDS = (
     "dataset_size",
     "batch_size",
     "l2_norm_clip",
+    "sensitivity",
 )
+# Left out of `to_dict` at these values, so that the ledgers of per-example
+# clipping read and write exactly as ledgers that predate the field.
+_DEFAULTS = {"sensitivity": 1}
 # What a run fixes for its whole life; only `steps` moves.
 CONFIGURATION_FIELDS = tuple(name for name in _FIELDS if name != "steps")
 
@@ -63,6 +67,14 @@ class PrivacyLedger:
         l2_norm_clip: float or None. The clipping bound C, recorded so that
             a resumed run can check that it clips as the run it continues.
             Defaults to `None`.
+        sensitivity: float. How far one privacy unit can move the clipped
+            sum that one Gaussian mechanism of the sampler releases, under
+            the sampler's relation, in units of C: 1 where each unit is
+            clipped alone; 2 where several examples are clipped together
+            (TF-Privacy's microbatches: one example moves its microbatch's
+            clipped mean from one vector of norm <= C to another). Epsilon
+            is that of the effective noise multiplier
+            `noise_multiplier / sensitivity`. Defaults to `1`.
     """
 
     def __init__(
@@ -77,13 +89,22 @@ class PrivacyLedger:
         dataset_size=None,
         batch_size=None,
         l2_norm_clip=None,
+        sensitivity=1,
     ):
+        if (isinstance(sensitivity, bool) or not isinstance(sensitivity, (int, float))
+                or not 1 <= sensitivity <= 2):
+            # Clipped vectors have norm <= C, so no unit moves one by more than 2C.
+            raise ValueError(
+                "sensitivity must be a number in [1, 2] (units of the clipping bound C). "
+                f"Received: sensitivity={sensitivity!r}"
+            )
+        self._sensitivity = sensitivity
+        self._noise_multiplier = validation.validate_noise_multiplier(noise_multiplier)
         self._query = accounting.PrivacyQuery(
-            noise_multiplier, steps, delta, sampling_rate=sampling_rate,
+            self._noise_multiplier / sensitivity, steps, delta, sampling_rate=sampling_rate,
             dataset_size=dataset_size, batch_size=batch_size, accountant=accountant,
             sampler=sampler, stacklevel=3,
         )
-        self._noise_multiplier = self._query.noise_multiplier
         self._sampling_rate = self._query.sampling_rate
         self._delta = self._query.delta
         self._sampler = sampler
@@ -105,6 +126,12 @@ class PrivacyLedger:
     batch_size = property(lambda self: self._batch_size)
     l2_norm_clip = property(lambda self: self._l2_norm_clip)
     steps = property(lambda self: self._steps)
+    sensitivity = property(lambda self: self._sensitivity)
+
+    @property
+    def effective_noise_multiplier(self):
+        """The noise std over the sensitivity: `noise_multiplier / sensitivity`, what is accounted."""
+        return self._query.noise_multiplier
 
     def record_step(self, n=1):
         """Records `n` more optimizer steps and returns the new total.
@@ -120,6 +147,7 @@ class PrivacyLedger:
         return self._steps
 
     def _epsilon(self, steps, noise_multiplier=None):
+        # `noise_multiplier` is an effective one (over the sensitivity).
         return self._query.epsilon(steps=steps, noise_multiplier=noise_multiplier)
 
     def epsilon(self):
@@ -173,7 +201,9 @@ class PrivacyLedger:
         Reported for the samplers whose bound holds for a weaker relation
         than add/remove-one (`Sampler.replace_one_sensitivity`; shuffled and
         fixed-order batches): replacing one example moves a pass's sum by
-        2C, so this is the epsilon of the same run with σ / 2.
+        2C, so this is the epsilon of the same run with σ / 2. With a
+        `sensitivity` of 2 (microbatches) that is also the zero-out figure:
+        either change moves one clipped vector of norm <= C to another.
 
         Args:
             steps: int or None. Total steps. Defaults to the steps recorded.
@@ -185,7 +215,7 @@ class PrivacyLedger:
         if factor is None:
             return None
         steps = self._steps if steps is None else accounting.validate_steps(steps)
-        return self._epsilon(steps, self._noise_multiplier / factor)
+        return self._epsilon(steps, self._noise_multiplier / max(factor, self._sensitivity))
 
     def describe_epsilon(self, epsilon=None, steps=None, brief=False):
         """One line: epsilon, delta and the relation (and replace-one epsilon).
@@ -209,6 +239,9 @@ class PrivacyLedger:
         text = (f"epsilon={accounting.format_epsilon(epsilon)} at delta={self._delta:g} "
                 f"({self.adjacency} adjacency"
                 + ("" if brief else f": {self.adjacency_description}"))
+        if self._sensitivity != 1:
+            text += (f"; sensitivity {self._sensitivity:g}C, so noise multiplier "
+                     f"{self._noise_multiplier:g} counts as {self.effective_noise_multiplier:g}")
         replace_one = self.epsilon_replace_one(steps)
         if replace_one is not None:
             text += f"; replace-one epsilon={accounting.format_epsilon(replace_one)}"
@@ -244,7 +277,8 @@ class PrivacyLedger:
     def to_dict(self):
         """Returns the ledger as a dict of JSON-compatible values."""
         out = {"version": _FORMAT_VERSION}
-        out.update({name: getattr(self, name) for name in _FIELDS})
+        out.update({name: getattr(self, name) for name in _FIELDS
+                    if name not in _DEFAULTS or getattr(self, name) != _DEFAULTS[name]})
         return out
 
     @classmethod
@@ -317,7 +351,7 @@ class PrivacyLedger:
         args = ", ".join(
             f"{name}={getattr(self, name)!r}"
             for name in _FIELDS
-            if getattr(self, name) is not None
+            if getattr(self, name) is not None and getattr(self, name) != _DEFAULTS.get(name)
         )
         return f"PrivacyLedger({args})"
 
@@ -327,6 +361,7 @@ class PrivacyLedger:
         return (
             f"PrivacyLedger(steps={self._steps}, epsilon={shown} at "
             f"delta={self._delta:g}, sigma={self._noise_multiplier:g}, "
-            f"q={self._sampling_rate:.6g}, {self._sampler}, "
+            + ("" if self._sensitivity == 1 else f"sensitivity={self._sensitivity:g}C, ")
+            + f"q={self._sampling_rate:.6g}, {self._sampler}, "
             f"{self._accountant}, {self.adjacency} adjacency)"
         )

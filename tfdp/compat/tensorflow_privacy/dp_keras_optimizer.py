@@ -89,6 +89,12 @@ class DPKerasOptimizer(DPOptimizer):
     - Batches: fixed-size shuffled ones, accounted once per pass
       (`sampler="shuffle"`); a private model's `fit` on arrays takes N // B
       full batches per pass in a secret random order.
+    - Accounting: `ledger()` and `describe_epsilon()` account the batches
+      `fit` really drew, under zero-out adjacency. With microbatches of
+      several examples one example moves its microbatch's clipped mean
+      from one vector of norm <= C to another, by up to 2C, so the ledger
+      has sensitivity 2 and accounts noise multiplier sigma / 2, as
+      TF-Privacy's statement does with `used_microbatching=True`.
 
     Args:
         optimizer: `keras.optimizers.Optimizer`. Applied once per update.
@@ -131,6 +137,8 @@ class DPKerasOptimizer(DPOptimizer):
         self.mechanism_builder.set_noise_divisor(
             None if num_microbatches is None else num_microbatches * k)
         self.num_microbatches = num_microbatches
+        # Examples per microbatch, known once `fit` fixed the batch size.
+        self._microbatch_size = None
 
     @property
     def tf_privacy_noise_multiplier(self):
@@ -158,22 +166,62 @@ class DPKerasOptimizer(DPOptimizer):
     # Accounting and serialisation.
     # ------------------------------------------------------------------
 
-    def ledger(self, **kwargs):
-        """The run's `tfdp.privacy.PrivacyLedger` (per-example clipping only).
+    def plan_fit(self, *, physical_batch_size=None, **kwargs):
+        """`DPOptimizer.plan_fit`, noting the examples per microbatch.
 
-        With microbatches of several examples the sensitivity doubles under
-        add/remove adjacency, which the ledger does not model, so this raises
-        when `num_microbatches` is set; use `compute_dp_sgd_privacy_statement`
-        with `used_microbatching=True` then.
+        Each `fit` batch of `physical_batch_size` rows is split into
+        `num_microbatches` microbatches (`private_update`), so their size,
+        and with it the sensitivity the ledger accounts, is fixed here.
         """
-        if self.num_microbatches is not None:
-            raise NotImplementedError(
-                "The tfdp ledger accounts per-example clipping; with "
-                "num_microbatches set, use tfdp.compat.tensorflow_privacy."
-                "compute_dp_sgd_privacy_statement(..., used_microbatching=True). "
-                f"Received: num_microbatches={self.num_microbatches}"
-            )
-        return super().ledger(**kwargs)
+        plan = super().plan_fit(physical_batch_size=physical_batch_size, **kwargs)
+        self._microbatch_size = (
+            None if self.num_microbatches is None or not physical_batch_size
+            else physical_batch_size // self.num_microbatches)
+        return plan
+
+    @property
+    def microbatch_size(self):
+        """Examples per microbatch in the last `fit`, or None (per example, or not yet known)."""
+        return self._microbatch_size
+
+    @property
+    def sensitivity(self):
+        """How far one example moves a pass's clipped sum, in units of C: 1 or 2.
+
+        1 when each example is clipped alone (`num_microbatches=None`, or
+        microbatches of one example). 2 with microbatches of several
+        examples, or of a size not yet known: zeroing out or replacing one
+        example moves its microbatch's clipped mean gradient from one vector
+        of norm <= C to another, by up to 2C. The ledger then accounts
+        noise multiplier sigma / 2 (TF-Privacy's `used_microbatching=True`).
+        """
+        if self.num_microbatches is None or self._microbatch_size == 1:
+            return 1
+        return 2
+
+    def describe_epsilon(self, *, brief=False, **kwargs):
+        """`DPOptimizer.describe_epsilon`, saying why microbatches double the sensitivity.
+
+        Args:
+            brief: bool. Leave out the descriptions (lines that repeat).
+            **kwargs: as `DPOptimizer.describe_epsilon`.
+
+        Returns:
+            A str, e.g. `epsilon=... at delta=1e-05 (zero_out adjacency: ...;
+            sensitivity 2C, so noise multiplier 1.1 counts as 0.55;
+            replace-one epsilon=...); clipped per microbatch (...)`.
+        """
+        text = super().describe_epsilon(brief=brief, **kwargs)
+        if self.sensitivity == 1 or brief:
+            return text
+        size = (f"{self._microbatch_size} examples" if self._microbatch_size
+                else "several examples")
+        return (
+            f"{text}; clipped per microbatch ({self.num_microbatches} microbatches of "
+            f"{size} a batch): one example can move its microbatch's clipped mean "
+            "gradient by up to 2C, which halves the effective noise multiplier, as "
+            "TF-Privacy's used_microbatching=True"
+        )
 
     def get_config(self):
         return {
