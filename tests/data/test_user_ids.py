@@ -126,8 +126,13 @@ class UserIdsTest(tf.test.TestCase):
         images, labels, _ = _arrays()
         with self.assertRaisesRegex(ValueError, "one user per example"):
             data.load_dataset(f"npz:{self._write(x_train=images, y_train=labels, user_ids=np.zeros(3, 'int64'))}")
-        with self.assertRaisesRegex(ValueError, "`user_ids` must be"):
-            sources.ArraySource(images, labels, user_ids=np.zeros(len(labels), "float32"))
+        with self.assertRaisesRegex(ValueError, "`user_ids` must be .*: 1 of"):
+            sources.ArraySource(images, labels, user_ids=np.r_[np.nan, np.zeros(len(labels) - 1)])
+        # Names are numbered in their sorted order; whole floats are integers.
+        named = sources.ArraySource(images, labels, user_ids=[f"u{i % 3}" for i in range(len(labels))])
+        self.assertEqual(named.user_ids.tolist()[:4], [0, 1, 2, 0])
+        floats = sources.ArraySource(images, labels, user_ids=np.ones(len(labels), "float32"))
+        self.assertEqual(floats.user_ids.dtype, np.int64)
         with self.assertRaisesRegex(ValueError, "both parts need"):
             splits.user_split(np.zeros(5, "int64"), 0.5, 0)
 

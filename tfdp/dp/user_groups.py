@@ -20,23 +20,61 @@ comparison with a user-level run, is `tfdp.privacy.group_privacy`'s.
 
 import numpy as np
 
+from tfdp import validation
 
-def compact_user_ids(user_ids):
-    """Maps arbitrary user ids to 0 … N_u − 1.
+
+def compact_user_ids(user_ids, num_examples=None):
+    """Maps user ids to 0 … N_u − 1, once `tfdp.validation.validate_user_ids` accepts them.
 
     Args:
-        user_ids: array `[n]` of ints or strings. The user of each example.
+        user_ids: array-like `[n]` of integers or of names: the user of each
+            example. Missing (None, NaN), infinite or mixed ids are refused.
+        num_examples: int or None. n, checked when given. Defaults to `None`.
 
     Returns:
         `(ids, num_users)`: int64 `[n]` ids in [0, N_u) (in the sorted order
         of the distinct original ids) and N_u.
+
+    Raises:
+        ValueError: as `tfdp.validation.validate_user_ids`.
     """
-    user_ids = np.asarray(user_ids)
-    if user_ids.ndim != 1 or user_ids.shape[0] == 0:
-        raise ValueError(
-            f"`user_ids` must be a non-empty [n] array. Received: shape={user_ids.shape}")
+    user_ids = validation.validate_user_ids(user_ids, num_examples)
     distinct, ids = np.unique(user_ids, return_inverse=True)
     return ids.astype(np.int64), int(distinct.shape[0])
+
+
+def split_last_users(user_ids, fraction, name="validation_split"):
+    """Keras' `validation_split` by user: the last users are held out with all their rows.
+
+    Keras holds out the last rows; here the users are taken in the order of
+    their first row and the last ones are held out, all their rows with
+    them, so that no user is on both sides. The kept users are
+    floor(N_u · (1 − fraction)), as Keras keeps floor(n · (1 − fraction))
+    rows. Deterministic: the split is public, like Keras'.
+
+    Args:
+        user_ids: int array `[n]` (e.g. from `compact_user_ids`).
+        fraction: float in (0, 1). The fraction of the users held out.
+        name: str. The argument's name, for the message. Defaults to
+            `"validation_split"`.
+
+    Returns:
+        `(kept, held_out)`: sorted int64 row indices that partition
+        `range(n)`.
+
+    Raises:
+        ValueError: when a side would have no user.
+    """
+    user_ids = np.asarray(user_ids).reshape(-1)
+    users, first = np.unique(user_ids, return_index=True)
+    kept_count = int(np.floor(users.size * (1.0 - fraction)))
+    if not 0 < kept_count < users.size:
+        raise ValueError(
+            f"{name} with user_ids holds out whole users, and both sides need at least one "
+            f"user. Received: {name}={fraction}, {users.size} users")
+    held_users = users[np.argsort(first, kind="stable")[kept_count:]]
+    held = np.isin(user_ids, held_users)
+    return np.flatnonzero(~held).astype(np.int64), np.flatnonzero(held).astype(np.int64)
 
 
 def block_weights(counts, max_examples_per_user):

@@ -442,7 +442,12 @@ class DPModel(keras.Model):
         at random with the secret key and laid out as one block of that many
         rows (padded with weight-0 rows), whose mean gradient is clipped to
         C as one vector. `batch_size` counts rows and must be a multiple of
-        `max_examples_per_user`.
+        `max_examples_per_user`. The ids are checked by
+        `tfdp.validation.validate_user_ids` (None, NaN, inf or a mix of
+        numbers and strings is refused). `validation_split` then holds out
+        whole users: the last users in the order of their first example,
+        with all their rows (`tfdp.dp.user_groups.split_last_users`), so that
+        no user is on both sides. Validation figures are not covered by ε.
 
         Any other input (a `tf.data.Dataset`, a generator) is a stream of the
         user's batches, `gradient_accumulation_steps` per logical step,
@@ -458,8 +463,9 @@ class DPModel(keras.Model):
         step is discarded, unreleased, at each epoch start.
 
         Args: as `keras.Model.fit`, and
-            user_ids: array `[n]` or None. The user of each example (ints or
-                strings), under `privacy_unit="user"` only. Defaults to None.
+            user_ids: array `[n]` or None. The user of each example (integers
+                or strings), under `privacy_unit="user"` only. Defaults to
+                None.
         `class_weight` is not supported with arrays (use `sample_weight`).
         """
         optimizer = self.dp_optimizer
@@ -482,15 +488,23 @@ class DPModel(keras.Model):
                 )
             if y is None:
                 raise ValueError("A private model's fit on arrays needs targets. Received: y=None")
-            if validation_split and validation_data is None:
-                arrays = (x, y, sample_weight) + ((user_ids,) if user_ids is not None else ())
-                arrays, common["validation_data"] = array_slicing.train_validation_split(
-                    arrays, validation_split=validation_split)
-                x, y, sample_weight = arrays[:3]
-                user_ids = arrays[3] if user_ids is not None else None
-            ids, dataset_size = None, len(x)
+            ids = None
             if by_user and user_ids is not None:
-                ids, dataset_size = _compact_user_ids(user_ids, len(x))
+                ids, _ = user_groups.compact_user_ids(user_ids, len(x))
+            if validation_split and validation_data is None:
+                if ids is None:
+                    (x, y, sample_weight), common["validation_data"] = (
+                        array_slicing.train_validation_split(
+                            (x, y, sample_weight), validation_split=validation_split))
+                else:
+                    # By user, so that no user is on both sides.
+                    kept, held = user_groups.split_last_users(ids, validation_split)
+                    common["validation_data"] = _take_rows((x, y, sample_weight), held)
+                    x, y, sample_weight = _take_rows((x, y, sample_weight), kept)
+                    ids = ids[kept]
+            dataset_size = len(x)
+            if ids is not None:
+                ids, dataset_size = user_groups.compact_user_ids(ids)
             physical = batch_size or 32  # Keras' default for arrays.
             plan = optimizer.plan_fit(arrays=True, dataset_size=dataset_size,
                                       physical_batch_size=physical, shuffle=bool(shuffle),
@@ -694,15 +708,10 @@ def _stream_batch_size(x, batch_size):
     return None
 
 
-def _compact_user_ids(user_ids, rows):
-    """User ids 0 … N_u − 1 for `fit`'s rows, and N_u; a clear error for a bad shape."""
-    ids = np.asarray(user_ids)
-    if ids.ndim != 1 or ids.shape[0] != rows:
-        raise ValueError(
-            "fit's user_ids must hold one user per example of x. Received: user_ids of "
-            f"shape {ids.shape} for {rows} examples"
-        )
-    return user_groups.compact_user_ids(ids)
+def _take_rows(arrays, rows):
+    """The rows `rows` of each array (numpy or tensor) of `arrays`; None stays None."""
+    return tuple(None if a is None else tf.gather(a, rows) if tf.is_tensor(a)
+                 else np.take(np.asarray(a), rows, axis=0) for a in arrays)
 
 
 class _LogicalStepFunction:
