@@ -26,6 +26,8 @@ _LAZY_ATTRS = {
     "DPOptimizer": "tfdp.keras",
     "DPModel": "tfdp.keras",
     "make_private": "tfdp.keras",
+    "declare_public": "tfdp.dp.adapted_state",
+    "find_adapted_state": "tfdp.dp.adapted_state",
 }
 
 

@@ -253,7 +253,7 @@ def train(
     data = run_data.load_run_data(
         dataset, data_dir=data_dir, seed=seed, validation_fraction=validation_fraction,
         test_dataset=test_dataset, dry_run=dry_run,
-        report_non_dp_statistics=report_non_dp_statistics)
+        report_non_dp_statistics=report_non_dp_statistics, privacy_unit=privacy_unit)
     batching = run_plan.make_batching(
         data.train, sampler=sampler, privacy_unit=privacy_unit, group_size=group_size,
         logical_batch_size=logical_batch_size, physical_batch_size=physical_batch_size,
@@ -312,9 +312,11 @@ def train(
         f.write(gin.config_str())
     run_plan.log_run_plan(model, plan, batching, dataset=dataset,
                           clipping_plan=clipping_plan, out_dir=out_dir)
+    adapted = None
     if mechanism is not None:
         from tfdp.training import guards
 
+        adapted = guards.check_adapted_state(model)
         guards.check_sensitivity(model, data.info, batching.replica_batch_size // group_size,
                                  **probe_settings)
 
@@ -322,7 +324,8 @@ def train(
         out_dir, steps_per_epoch=plan.sampler.steps_per_epoch, total_steps=plan.total_steps,
         delta=plan.delta, ledger=state.ledger, report_non_dp_statistics=report_non_dp_statistics,
         held_out=data.held_out, duplicates_dropped=data.duplicates_dropped,
-        data_preparation=data.preparation(), start_step=state.start_step,
+        data_preparation=data.preparation(), adapted_state=adapted,
+        start_step=state.start_step,
     )
     evaluate_epoch = loop.epoch_evaluation(
         model, data, ema, reporter, eval_batch_size=eval_batch_size,

@@ -126,6 +126,12 @@ class PretrainedTest(ModelTestCase):
             self.assertFalse(frozen_bn.get_layer(name).trainable)
             self.assertAllEqual(frozen_bn.get_layer(name).moving_mean,
                                 source.get_layer(name).moving_mean)
+        # Pretrained weights are public: their statistics are not listed as
+        # adapted state; the same statistics in a model of the user's are.
+        self.assertEqual(dp.find_adapted_state(frozen_bn), [])
+        listed = dp.find_adapted_state(source)
+        self.assertLen(listed, 52)
+        self.assertEqual(listed[0].variable, "bn_Conv1/moving_mean")
         x = self.random_inputs(frozen_bn, batch_size=2)
         figure = dp.check_sensitivity(frozen_bn, _xent, (x, np.array([0, 1])), 1e-3, "bk")
         self.assertLessEqual(figure, 1 + 1e-4)

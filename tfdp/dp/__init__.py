@@ -1,5 +1,7 @@
 """The DP engine: per-example clipping, ghost norms, noise and accumulation."""
 
+from tfdp.dp.adapted_state import declare_public
+from tfdp.dp.adapted_state import find_adapted_state
 from tfdp.dp.clipping import METHODS
 from tfdp.dp.clipping import clip_coefficients
 from tfdp.dp.clipping import clipped_grad_sum

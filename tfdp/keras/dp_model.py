@@ -28,6 +28,7 @@ import numpy as np
 import tensorflow as tf
 from keras.src.trainers.data_adapters import array_slicing
 
+from tfdp.dp import adapted_state
 from tfdp.dp import clipping
 from tfdp.dp import layer_taps
 from tfdp.dp import model_probe
@@ -271,6 +272,9 @@ def probe_before_training(model, optimizer, per_example_loss, x, y, group=1, *, 
         return
 
     def run():
+        # Before the first update: state set before training (an adapted
+        # Normalization's mean) is released as it is, not covered by ε.
+        adapted_state.warn_adapted_state(model)
         batch = sensitivity.synthetic_batch(model, rows, x_shape, x.dtype, y_shape, y.dtype)
         sensitivity.probe_training(
             model, per_example_loss, batch, optimizer.l2_norm_clip, method,

@@ -352,6 +352,12 @@ def load_pretrained(
     4. Frozen: the first `frozen_sub_blocks` of the tfdp ResNets'
        sub-blocks, the layers named in `freeze_layers`, and what the engine
        cannot clip (`freeze_unclippable`, with `freeze_rules`).
+    5. With `weights`, every loaded layer is declared public
+       (`tfdp.declare_public`): pretrained weights are public data, so
+       their buffers (a frozen BatchNorm's moving statistics) are not
+       listed as state that ε does not cover. Weights pretrained on the
+       private data are not public: load those yourself
+       (`model.load_weights`), so that their state is listed.
 
     Args:
         num_classes: int. Logits of the new head. Defaults to `1000`.
@@ -447,6 +453,12 @@ def load_pretrained(
             f"Received: weights={weights!r}, architecture=None, model_fn=None"
         )
     model, frozen_bn = prepare_batchnorm(model, batchnorm, groups)
+    if weights is not None:
+        # Pretrained weights are public data: their buffers (a frozen
+        # BatchNorm's moving statistics) are not state that ε fails to cover.
+        from tfdp.dp import adapted_state
+
+        adapted_state.declare_public(model)
     frozen = [f"{name} (BatchNorm in inference mode)" for name in frozen_bn]
     if new_head:
         model = replace_head(model, num_classes, layer_name=head, logits=True)

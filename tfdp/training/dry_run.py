@@ -32,6 +32,7 @@ def dry_run(model, step_fn, info, plan, batching, *, clipping_plan, probe_settin
     sensitivity = None
     if clipping_plan is not None:
         reporting.log(str(clipping_plan))
+        guards.check_adapted_state(model)
         # A dry run checks that the model and the loss can be probed, on a few
         # rows: at ImageNet's physical batches the full probe needs the
         # accelerators of the real run. Training probes again at its batch.

@@ -1,4 +1,8 @@
-"""Stops that keep a run from releasing a broken step, with one-line reasons."""
+"""Stops that keep a run from releasing a broken step, with one-line reasons.
+
+Also what a run releases outside ε before its first step: the model's
+adapted state (`check_adapted_state`), listed, not refused.
+"""
 
 import tensorflow as tf
 
@@ -45,6 +49,31 @@ def out_of_memory_as_error(logical_steps, physical_batch_size, logical_batch_siz
             "train.physical_batch_size: virtual steps keep the logical batch "
             f"({logical_batch_size}) and so the privacy guarantee unchanged."
         ) from None
+
+
+def check_adapted_state(model):
+    """Logs the state `model` holds before training that ε does not cover; its records.
+
+    Adapted preprocessing statistics and loaded buffers (a frozen
+    BatchNorm's moving statistics) not declared public
+    (`tfdp.dp.adapted_state`): the released model holds them exactly.
+    Listed, not refused: they may have come from public data.
+
+    Args:
+        model: keras.Model.
+
+    Returns:
+        list of dict: `summary.json`'s `not_covered_by_epsilon.adapted_state`
+        (empty when there is none).
+    """
+    from tfdp.dp import adapted_state
+    from tfdp.training import reporting
+
+    found = adapted_state.find_adapted_state(model)
+    if found:
+        for line in adapted_state.describe_adapted_state(found).splitlines():
+            reporting.log(line)
+    return adapted_state.as_records(found)
 
 
 def check_sensitivity(model, info, examples, *, l2_norm_clip, method, weight_decay,
