@@ -69,7 +69,7 @@ import json
 import os
 import sys
 
-from tfdp import bench
+from tfdp.bench import tables
 
 budget, out, models = float(sys.argv[1]), sys.argv[2], sys.argv[3:]
 rows = []
@@ -80,6 +80,6 @@ for model in models:
             rows += json.load(f)
     except (OSError, ValueError) as e:
         print(f"{model}: no results ({e})")
-print(bench.format_search_table(rows, budget))
+print(tables.format_search_table(rows, budget))
 EOF
 exit "${status}"

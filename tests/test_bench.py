@@ -8,7 +8,8 @@ import sys
 import pytest
 from absl.testing import absltest
 
-from tfdp import bench
+from tfdp.bench import children, cli, runners, search, tables
+from tfdp.bench import models as bench_models
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -51,7 +52,7 @@ class BenchCliTest(absltest.TestCase):
         self.assertGreater(bk["paired_nonprivate_step_time_s"], 0.0)
         # The median of the rounds' ratios, inside their quartiles; it is the
         # table's time ratio.
-        self.assertEqual(bk["paired_rounds"], bench.paired_rounds(2))
+        self.assertEqual(bk["paired_rounds"], runners.paired_rounds(2))
         low, high = bk["paired_time_ratio_quartiles"]
         self.assertLessEqual(low, bk["paired_time_ratio"])
         self.assertLessEqual(bk["paired_time_ratio"], high)
@@ -69,7 +70,7 @@ class BenchCliTest(absltest.TestCase):
         self.assertAlmostEqual(bk["batch_overhead_ratio"], bk["paired_batch_time_s"]
                                / bk["paired_nonprivate_batch_time_s"])
         self.assertEqual(sorted(bk["amortised_time_ratios"], key=int),
-                         [str(k) for k in bench.BATCHES_PER_STEP])
+                         [str(k) for k in tables.BATCHES_PER_STEP])
         self.assertIn("noise_draw_s", bk)
 
     @pytest.mark.slow
@@ -88,7 +89,7 @@ class BenchCliTest(absltest.TestCase):
             capture_output=True, text=True, cwd=_REPO, env=env, timeout=600,
         )
         self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
-        lines = bench.child_results(proc.stdout)
+        lines = children.child_results(proc.stdout)
         self.assertEqual([r["batch_size"] for r in lines], [32, 64, 128])
         for r in lines:
             self.assertEqual(r["memory"], "TensorFlow allocator peak on CPU:0")
@@ -107,7 +108,7 @@ class BenchCliTest(absltest.TestCase):
              "peak_rss_mb": 1100.0, "rss_increase_mb": 200.0},
             {"method": "bk", "jit_compile": True, "error": "exit 1: boom"},
         ]
-        bench.add_ratios(results)
+        tables.add_ratios(results)
         # Without the paired timing (--no-paired) the time ratio is the
         # separate processes' one.
         self.assertAlmostEqual(results[1]["time_ratio"], 1.5)
@@ -115,7 +116,7 @@ class BenchCliTest(absltest.TestCase):
         self.assertAlmostEqual(results[1]["memory_ratio"], 1.1)
         self.assertAlmostEqual(results[1]["rss_increase_ratio"], 2.0)
         self.assertIsNone(results[2]["time_ratio"])
-        table = bench.format_table(results)
+        table = tables.format_table(results)
         self.assertIn("bk", table)
         self.assertIn("ERROR", table)
         self.assertIsNone(results[1]["paired_time_ratio"])
@@ -126,20 +127,20 @@ class BenchCliTest(absltest.TestCase):
         self.assertIn("--no-paired", table)
         # With it, the paired ratio leads and the separate one stays beside it.
         results[1].update(paired_time_ratio=1.27, paired_rounds=20)
-        bench.add_ratios(results)
+        tables.add_ratios(results)
         self.assertEqual(results[1]["time_ratio"], 1.27)
-        table = bench.format_table(results)
+        table = tables.format_table(results)
         self.assertEqual(table.splitlines()[3].split()[2:5], ["1.27x", "150.0", "1.50x"])
         self.assertIn("median of 20 rounds", table)
         self.assertNotIn("No paired timing", table)
         # A method whose paired child failed keeps the separate ratio, and says so.
         results.insert(2, {"method": "mixed", "jit_compile": False, "step_time_s": 0.2,
                            "peak_rss_mb": 1000.0, "rss_increase_mb": 100.0})
-        bench.add_ratios(results)
+        tables.add_ratios(results)
         self.assertAlmostEqual(results[2]["time_ratio"], 2.0)
-        self.assertIn("No paired timing for mixed", bench.format_table(results))
+        self.assertIn("No paired timing for mixed", tables.format_table(results))
         # Non-private alone has no ratio to explain.
-        self.assertNotIn("x time:", bench.format_table(results[:1]))
+        self.assertNotIn("x time:", tables.format_table(results[:1]))
 
     def test_overhead_per_batch_and_per_logical_step(self):
         results = [
@@ -156,7 +157,7 @@ class BenchCliTest(absltest.TestCase):
              "paired_nonprivate_batch_time_s": 0.100,
              "paired_nonprivate_update_time_s": 0.020},
         ]
-        bench.add_ratios(results)
+        tables.add_ratios(results)
         bk, ghost = results[1], results[2]
         # Separate processes: clipping 1.2x per batch, the update 60 ms more.
         self.assertAlmostEqual(bk["batch_overhead_ratio"], 1.2)
@@ -171,16 +172,16 @@ class BenchCliTest(absltest.TestCase):
         self.assertAlmostEqual(ghost["batch_overhead_ratio"], 1.5)
         self.assertAlmostEqual(ghost["update_overhead_s"], 0.040)
         self.assertAlmostEqual(results[0]["batch_overhead_ratio"], 1.0)
-        table = bench.format_phase_table(results)
+        table = tables.format_phase_table(results)
         rows = {line.split()[0]: line.split() for line in table.splitlines()[2:5]}
         self.assertEqual(rows["bk"][2:6], ["120.0", "1.20x", "80.0", "+60.0"])
         self.assertEqual(rows["ghost"][2:4], ["150.0", "1.50x"])
         self.assertIn("x at 256", table.splitlines()[0])
         # Without phases there is nothing to report.
         del results[1]["batch_time_s"]
-        bench.add_ratios(results)
+        tables.add_ratios(results)
         self.assertIsNone(results[1]["batch_overhead_ratio"])
-        self.assertNotIn("bk ", bench.format_phase_table(results))
+        self.assertNotIn("bk ", tables.format_phase_table(results))
 
     def test_budget_search_finds_the_largest_fitting_batch(self):
         # A stubbed child: peak = 100 + 3 MiB per example, out of memory from
@@ -200,46 +201,46 @@ class BenchCliTest(absltest.TestCase):
                     break
             return results, None
 
-        found = bench.search_largest_batch(probe, start=8, max_batch=4096, budget_mb=500,
-                                           refine=10)
+        found = search.search_largest_batch(probe, start=8, max_batch=4096, budget_mb=500,
+                                            refine=10)
         self.assertEqual(found["max_batch_size"], 133)  # 100 + 3 * 133 = 499
         self.assertEqual(found["first_failure"], 134)
         self.assertFalse(found["capped"])
         self.assertEqual(calls[0][:6], [8, 16, 32, 64, 128, 256])
         # Out of memory before the budget is reached.
         budget[0] = 1e6
-        found = bench.search_largest_batch(probe, start=8, max_batch=4096, budget_mb=1e6,
-                                           refine=0)
+        found = search.search_largest_batch(probe, start=8, max_batch=4096, budget_mb=1e6,
+                                            refine=0)
         self.assertEqual(found["max_batch_size"], 256)
         self.assertEqual((found["first_failure"], found["reason"]), (512, "out of memory"))
         # A child killed mid-search: the batch after the last reported fails.
-        killed = bench.search_largest_batch(
+        killed = search.search_largest_batch(
             lambda batches: ([{"batch_size": 8, "peak_mb": 10.0}], "killed"),
             start=8, max_batch=64, budget_mb=1e6, refine=0)
         self.assertEqual((killed["max_batch_size"], killed["first_failure"]), (8, 16))
         self.assertEqual(killed["reason"], "killed")
-        table = bench.format_search_table(
+        table = tables.format_search_table(
             [dict(found, method="nonprivate", jit_compile=False),
              dict(found, method="bk", jit_compile=False, max_batch_size=128)], 1e6)
         self.assertIn("0.50x", table)
         self.assertIn("of peak memory (the accelerator's", table.splitlines()[0])
-        table = bench.format_search_table(
+        table = tables.format_search_table(
             [dict(found, method="nonprivate", jit_compile=False)], 1e6, "tensors")
         self.assertIn("of TensorFlow's allocator peak", table.splitlines()[0])
 
     def test_failures_name_a_smaller_batch_or_another_method(self):
-        killed = bench.failure_message("vectorized", 64, returncode=-9)
+        killed = children.failure_message("vectorized", 64, returncode=-9)
         self.assertIn("OOM killer", killed)
         self.assertIn("--batch_size=32", killed)
         self.assertIn("--methods=bk", killed)
-        oom = bench.failure_message("ghost", 16, out_of_memory=True)
+        oom = children.failure_message("ghost", 16, out_of_memory=True)
         self.assertIn("accelerator memory", oom)
         self.assertIn("--methods=mixed", oom)
-        self.assertIn("--timeout", bench.failure_message("bk", 8, timeout=10.0))
+        self.assertIn("--timeout", children.failure_message("bk", 8, timeout=10.0))
 
     def test_rejects_unknown_method(self):
         with self.assertRaises(SystemExit):
-            bench.main(["--methods=nonprivate,bogus"])
+            cli.main(["--methods=nonprivate,bogus"])
 
 
 
@@ -254,7 +255,7 @@ class BenchModelsTest(absltest.TestCase):
 
         for name in names:
             with self.subTest(name):
-                model = bench.build_model(name, image_size=32, channels=3, num_classes=7)
+                model = bench_models.build_model(name, image_size=32, channels=3, num_classes=7)
                 self.assertEqual(model.input_shape, (None, 32, 32, 3))
                 self.assertEqual(model.output_shape, (None, 7))
                 self.assertEqual(models.find_batchnorm(model), [])
@@ -273,7 +274,7 @@ class BenchModelsTest(absltest.TestCase):
 
     def test_rejects_an_unknown_model(self):
         with self.assertRaisesRegex(ValueError, "Unknown bench model"):
-            bench.build_model("vit_h14", image_size=32, channels=3, num_classes=7)
+            bench_models.build_model("vit_h14", image_size=32, channels=3, num_classes=7)
 
 
 class BenchHelpTest(absltest.TestCase):
@@ -284,7 +285,7 @@ class BenchHelpTest(absltest.TestCase):
 
         out = io.StringIO()
         with contextlib.redirect_stdout(out), self.assertRaises(SystemExit) as exit_:
-            bench._parse_args(["--help"])
+            cli.parse_args(["--help"])
         self.assertEqual(exit_.exception.code, 0)
         text = out.getvalue()
         for option, default in (("--image_size", "32"), ("--batch_size", "32"),
