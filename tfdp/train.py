@@ -253,7 +253,7 @@ def train(
     data = run_data.load_run_data(
         dataset, data_dir=data_dir, seed=seed, validation_fraction=validation_fraction,
         test_dataset=test_dataset, dry_run=dry_run,
-        report_non_dp_statistics=report_non_dp_statistics)
+        report_non_dp_statistics=report_non_dp_statistics, privacy_unit=privacy_unit)
     batching = run_plan.make_batching(
         data.train, sampler=sampler, privacy_unit=privacy_unit, group_size=group_size,
         logical_batch_size=logical_batch_size, physical_batch_size=physical_batch_size,

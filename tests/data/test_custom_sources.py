@@ -255,7 +255,9 @@ class NpzTest(tf.test.TestCase):
         self.assertEqual(resized.eval_preprocess(tf.constant(images[0][..., None])).shape, (4, 4, 1))
 
     def test_images_and_labels_keys_and_errors(self):
-        path = self._write(images=np.zeros((10, 4, 4, 3), np.float32), labels=np.arange(10) % 2)
+        images = np.zeros((10, 4, 4, 3), np.float32)
+        images[:, 0, 0, 0] = np.arange(10) / 10  # Distinct: copies are refused.
+        path = self._write(images=images, labels=np.arange(10) % 2)
         splits = data.load_dataset(f"npz:{path}", test_fraction=0.2)
         self.assertEqual((len(splits.train), len(splits.test)), (8, 2))
         bad = self._write(x_train=np.zeros((4, 4, 4)), y_train=np.array([0, 1, -1, 1]))

@@ -25,7 +25,8 @@ class DatasetNameTest(tf.test.TestCase):
 
     def test_npz_saved_as_x_and_y(self):
         path = os.path.join(self.create_tempdir().full_path, "xy.npz")
-        np.savez(path, x=np.zeros((30, 4, 4), "uint8"), y=np.arange(30) % 3)
+        np.savez(path, x=np.arange(30 * 16, dtype="uint16").reshape(30, 4, 4) % 251,
+                 y=np.arange(30) % 3)
         loaded = data.load_dataset(f"npz:{path}")
         self.assertEqual(len(loaded.train) + len(loaded.test), 30)
         self.assertIn("arrays x/y", loaded.notes)

@@ -3,7 +3,8 @@
 A test or validation set held out of the examples given as training data is
 private data evaluated without noise: `DatasetSplits` says so, for the
 trainer to label. A separate test set holds nothing out. Exact duplicate
-files are dropped, within the training data and from the held-out splits.
+files are dropped, within the training data and from the held-out splits;
+`npz:` and `tfrecord:` training data with exact duplicates is refused.
 """
 
 import os
@@ -77,7 +78,7 @@ class DuplicatesTest(tf.test.TestCase):
         train_a = os.path.join(root, "train", "a")
         first = sorted(os.listdir(train_a))[0]
         # Two more copies of one training image, one in the test set; and the
-        # same bytes under another label, which is another example.
+        # same bytes under another label, which is the same example too.
         shutil.copy(os.path.join(train_a, first), os.path.join(train_a, "zz_copy1.png"))
         shutil.copy(os.path.join(train_a, first), os.path.join(train_a, "zz_copy2.png"))
         shutil.copy(os.path.join(train_a, first), os.path.join(root, "test", "b", "zz_copy.png"))
@@ -93,9 +94,10 @@ class DuplicatesTest(tf.test.TestCase):
                 splits = data.load_dataset(f"folder:{root}",
                                            in_memory_max_bytes=in_memory_max_bytes)
                 self.assertIs(type(splits.train), kind)
-                self.assertEqual(splits.duplicates_dropped, {"train": 2, "test": 1})
-                # 8 + 2 copies + 1 relabelled in "a", 8 in "b": the copies go.
-                self.assertEqual(splits.class_counts(), [9, 8])
+                self.assertEqual(splits.duplicates_dropped, {"train": 3, "test": 1})
+                # 8 + 2 copies + 1 relabelled in "a", 8 in "b": the copies go;
+                # of the relabelled pair the first (in "a") is kept.
+                self.assertEqual(splits.class_counts(), [9, 7])
                 self.assertEqual(splits.class_counts("test"), [3, 3])
 
     def test_only_sizes_shared_by_examples_are_hashed(self):
@@ -111,6 +113,70 @@ class DuplicatesTest(tf.test.TestCase):
         with self.assertRaisesRegex(ValueError, "Every test example is also a training example"):
             duplicates.drop_duplicates(source, {"test": data.ArraySource(
                 np.array([b"cc"], dtype=object), np.array([0]))})
+
+
+class RefusedCopiesTest(tf.test.TestCase):
+    """Arrays and records are taken as given: copies are refused, with their count."""
+
+    def _npz(self, **arrays):
+        path = os.path.join(self.create_tempdir().full_path, "arrays.npz")
+        np.savez(path, **arrays)
+        return path
+
+    def _images(self, n):
+        images = np.zeros((n, 4, 4), np.uint8)
+        images[:, 0, 0] = np.arange(n)  # Distinct rows.
+        return images
+
+    def test_npz_with_copies_is_refused(self):
+        images = self._images(12)
+        images[9:] = images[:3]  # Three copies; two of them under another label.
+        labels = np.arange(12) % 2
+        with self.assertRaisesRegex(ValueError, r"npz:.*3 rows are exact duplicates.*"
+                                    r"Deduplicate the data.*Received: 3 duplicate rows among 12"):
+            data.load_dataset(f"npz:{self._npz(x_train=images, y_train=labels)}")
+        distinct = self._npz(x_train=self._images(12), y_train=labels)
+        splits = data.load_dataset(f"npz:{distinct}")
+        self.assertLen(splits.train, 12 - len(splits.test))
+
+    def test_copies_of_one_user_are_that_users_data(self):
+        images = self._images(12)
+        images[10:] = images[:2]
+        users = np.arange(12) // 2  # Rows 10, 11 (user 5) copy rows 0, 1 (user 0).
+        path = self._npz(x_train=images, y_train=np.arange(12) % 2, user_ids=users)
+        for unit in ("example", "user"):
+            with self.assertRaisesRegex(ValueError, "2 rows are exact duplicates"):
+                data.load_dataset(f"npz:{path}", privacy_unit=unit)
+        users[10:] = 0  # The copies held by the user of the originals.
+        path = self._npz(x_train=images, y_train=np.arange(12) % 2, user_ids=users)
+        with self.assertRaisesRegex(ValueError, "2 rows are exact duplicates"):
+            data.load_dataset(f"npz:{path}")
+        splits = data.load_dataset(f"npz:{path}", privacy_unit="user")
+        self.assertLen(splits.train, 12 - len(splits.test))
+
+    def test_tfrecord_with_copies_is_refused(self):
+        directory = self.create_tempdir().full_path
+        prefix = os.path.join(directory, "train")
+        image_files.write_tfrecords(prefix, np.arange(8) % 2, num_shards=1)
+        records = list(tf.data.TFRecordDataset(f"{prefix}-00000-of-00001"))
+        with tf.io.TFRecordWriter(os.path.join(directory, "train-copy")) as writer:
+            writer.write(records[3].numpy())
+        for in_memory_max_bytes in (2**30, 0):  # In memory, and converted to ArrayRecord.
+            with self.subTest(in_memory_max_bytes=in_memory_max_bytes):
+                with self.assertRaisesRegex(ValueError, r"tfrecord:.*1 rows are exact "
+                                            r"duplicates.*Received: 1 duplicate rows among 9"):
+                    data.load_dataset(f"tfrecord:{prefix}*",
+                                      in_memory_max_bytes=in_memory_max_bytes)
+
+    def test_the_digest_counts_copies_by_user(self):
+        rows = np.array([[1, 2], [3, 4], [1, 2], [1, 2]], np.float32)
+        duplicates.check_rows(rows[:2], where="x")
+        with self.assertRaisesRegex(ValueError, "2 rows are exact duplicates"):
+            duplicates.check_rows(rows, where="x")
+        duplicates.check_rows(rows, where="x", user_ids=[0, 1, 0, 0])
+        with self.assertRaisesRegex(ValueError, "1 rows are exact duplicates"):
+            duplicates.check_rows(rows, where="x", user_ids=[0, 1, 0, 2])
+        duplicates.check_rows(rows, where="x", sample_weight=[1, 1, 0, 0])
 
 
 if __name__ == "__main__":

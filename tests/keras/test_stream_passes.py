@@ -1,8 +1,11 @@
-"""A stream whose pass holds more than N examples is refused, before any update.
+"""A stream whose pass holds more than N examples, or a copy, is refused.
 
 The per-pass bound of a streamed input needs each example at most once per
 pass; `.repeat(2)` before `.batch()` breaks it (both copies of an example can
-land in one logical step). `fit` counts the passes against `dataset_size`.
+land in one logical step). `fit` counts the passes against `dataset_size`,
+and compares each pass's rows by content hash, so that a pass of N rows
+holding N / 2 examples twice is refused too; arrays with copies are refused
+before any step.
 """
 
 import keras
@@ -57,18 +60,19 @@ class StreamPassTest(ktc.KerasTestCase):
             self.assertEqual(int(dp.optimizer.iterations), 2 * take // P)
 
     def test_a_later_pass_above_n_releases_nothing_more(self):
-        # A stream whose second epoch holds 10 + 10 + 10 + 8 = 38 > N
+        # A stream whose second epoch holds 10 + 10 + 10 + 10 = 40 > N
         # examples, which the up-front count (of a first-epoch pass) cannot
         # see. The train
         # step refuses the batch that goes above N: the first epoch's 4
         # steps and the second's first 3 stand, the 4th is never applied.
         state = {"epoch": 0}
+        x, y = ktc.digits(40)  # Distinct rows: no copies, only too many.
 
         def batches():
             rows = P if state["epoch"] == 0 else 10
             for i in range(4):
-                j = i * P
-                yield self.x[j:j + rows], self.y[j:j + rows]
+                j = i * rows
+                yield x[j:j + rows], y[j:j + rows]
 
         ds = tf.data.Dataset.from_generator(batches, output_signature=(
             tf.TensorSpec((None, 8, 8, 1), tf.float32), tf.TensorSpec((None,), tf.int32)))
@@ -78,9 +82,52 @@ class StreamPassTest(ktc.KerasTestCase):
                 state["epoch"] = epoch
 
         dp = _compiled(expected_batch_size=P)
-        with self.assertRaisesRegex(ValueError, r"\(38\).*rest of the pass were not applied"):
+        with self.assertRaisesRegex(ValueError, r"\(40\).*rest of the pass were not applied"):
             dp.fit(ds, epochs=2, verbose=0, callbacks=[Epoch()])
         self.assertEqual(int(dp.optimizer.iterations), 7)
+
+    def test_a_pass_holding_its_examples_twice_is_refused(self):
+        # N rows, each of N // 2 examples twice (shuffled after `.repeat(2)`,
+        # or a generator's batches): the count of the pass is N, but copies
+        # sit in one pass. Refused at the first batch that holds a copy,
+        # before its step is released.
+        dp = _compiled(expected_batch_size=P)
+        with self.assertRaisesRegex(ValueError, r"rows are exact duplicates of other rows in "
+                                    r"one pass.*Deduplicate the data.*or train at user level"):
+            dp.fit(self._stream(take=N // 2, repeat=2), epochs=1, verbose=0)
+        released = int(dp.optimizer.iterations)
+        self.assertLess(released, N // P)
+
+        def twice():
+            for i in range(0, N // 2, P // 2):
+                rows = slice(i, i + P // 2)
+                yield (np.concatenate([self.x[rows]] * 2), np.concatenate([self.y[rows]] * 2))
+
+        before = ktc.weights(dp)
+        with self.assertRaisesRegex(ValueError, r"4 rows are exact duplicates.*Received: 4 "
+                                    r"duplicate rows among 8"):
+            dp.fit(twice(), epochs=1, verbose=0)
+        self.assertEqual(int(dp.optimizer.iterations), released)
+        self.assertWeightsClose(ktc.weights(dp), before, rtol=0, atol=0)
+
+    def test_arrays_with_copies_are_refused_before_any_step(self):
+        x = np.concatenate([self.x[:N // 2]] * 2)
+        y = np.concatenate([self.y[:N // 2], (self.y[:N // 2] + 1) % 10])  # Other labels.
+        for sampler in ("poisson", "shuffle"):
+            dp = _compiled(sampler=sampler)
+            with self.assertRaisesRegex(ValueError, r"fit's x: 16 rows are exact duplicates"
+                                        r".*Nothing was trained.*Received: 16 duplicate rows "
+                                        r"among 32"):
+                dp.fit(x, y, batch_size=P, epochs=1, verbose=0)
+            self.assertEqual(int(dp.optimizer.iterations), 0)
+
+    def test_xla_stream_fit_is_refused(self):
+        dp = tfdp.make_private(ktc.tiny_model())
+        dp.compile(optimizer=tfdp.DPOptimizer(keras.optimizers.SGD(0.1), l2_norm_clip=1.0,
+                                              noise_multiplier=0.0, dataset_size=N),
+                   loss=ktc.xent(), jit_compile=True)
+        with self.assertRaisesRegex(ValueError, "jit_compile=False"):
+            dp.fit(self._stream(), epochs=1, verbose=0)
 
     def test_zero_weight_rows_are_not_examples(self):
         # Padding rows (weight 0) do not count: 32 real examples in 40 rows.

@@ -29,6 +29,10 @@ Bad images: every encoded image of `folder:` and `tfrecord:` data (its
 test and validation splits too) is decoded once when it is loaded; those
 that do not decode are dropped from their split before N is counted, and
 named in one line of `DatasetSplits.notes` (`tfdp.data.image_check`).
+
+Exact duplicates (`tfdp.data.duplicates`): a folder's copied files are
+dropped, one of each group kept; `tfrecord:` and `npz:` training data whose
+inputs repeat is refused, with the count of copies.
 """
 
 import dataclasses
@@ -79,7 +83,8 @@ class DatasetSplits:
         duplicates_dropped: dict. Exact duplicates dropped (`"train"`, and
             held-out copies of training examples under `"test"` and
             `"validation"`), counted from the private data without noise;
-            empty for data other than `folder:` (not checked).
+            empty for data other than `folder:` (`tfrecord:` and `npz:`
+            training data with copies is refused instead).
         undecodable_dropped: dict. Split -> images dropped because they do
             not decode (`tfdp.data.image_check`), for the splits as given
             (`"train"` is the training data before any held-out split);
@@ -290,7 +295,7 @@ def _load_test_dataset(test_dataset, train_prefix, class_names, options):
 
 def _load_custom(prefix, location, *, seed, test_fraction, num_classes, image_size, channels,
                  preprocessing_mode, image_key, label_key, cache_dir, in_memory_max_bytes,
-                 test_dataset, user_key=None):
+                 test_dataset, user_key=None, privacy_unit="example"):
     # Before any file is read: the images are decoded once below.
     _check_preprocessing(preprocessing_mode)
     # Test files need no user feature: they are not trained on.
@@ -354,6 +359,9 @@ def _load_custom(prefix, location, *, seed, test_fraction, num_classes, image_si
         train, held_out, dropped = duplicates.drop_duplicates(
             train, {"test": test, "validation": validation})
         test, validation = held_out["test"], held_out["validation"]
+    else:  # Arrays and records are taken as given: which copy to keep is the owner's call.
+        duplicates.check_source(train, where=f"{prefix}:{location} (training data)",
+                                by_user=privacy_unit == "user")
     if dropped or any(undecodable.values()):
         # What is left must still be a classification problem.
         _check_labels({"train": train, "test": test, "validation": validation}, num_classes)
@@ -458,7 +466,8 @@ def _drop_undecodable(given, scans, origins, channels, size):
 
 # The trainer passes these from `train.*`; binding them here would be ignored.
 @gin.configurable(module="tfdp.data",
-                  denylist=["dataset", "data_dir", "seed", "validation_fraction", "test_dataset"])
+                  denylist=["dataset", "data_dir", "seed", "validation_fraction", "test_dataset",
+                            "privacy_unit"])
 def load_dataset(
     dataset,
     *,
@@ -476,6 +485,7 @@ def load_dataset(
     user_key=None,
     cache_dir=None,
     in_memory_max_bytes=256 * 2**20,
+    privacy_unit="example",
 ):
     """Loads a dataset as train, validation and test sources.
 
@@ -534,6 +544,11 @@ def load_dataset(
         in_memory_max_bytes: int. Folders and TFRecords of at most this
             many bytes are read into memory; larger ones are read by index
             (folders) or converted once (TFRecords). Defaults to 256 MiB.
+        privacy_unit: str. What ε will protect, `"example"` or `"user"`.
+            `tfrecord:` and `npz:` training data whose inputs repeat
+            (exact copies, whatever the label) is refused, except, under
+            `"user"`, copies held by one user (`tfdp.data.duplicates`).
+            Defaults to `"example"`.
 
     Returns:
         A `DatasetSplits`.
@@ -553,7 +568,7 @@ def load_dataset(
             image_size=image_size, channels=channels, preprocessing_mode=preprocessing,
             image_key=image_key, label_key=label_key, cache_dir=cache_dir,
             in_memory_max_bytes=in_memory_max_bytes, test_dataset=test_dataset,
-            user_key=user_key,
+            user_key=user_key, privacy_unit=privacy_unit,
         )
         return _with_validation(loaded, validation_fraction, seed)
     _check_dataset_name(dataset)

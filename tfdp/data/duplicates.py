@@ -1,26 +1,36 @@
 """Exact duplicates among the examples of a dataset, found by content hash.
 
-Two examples with the same bytes and the same label are one example given
-twice. Kept, they would both move with one record of the data, and the
-guarantee would be group privacy for a group of two (ε grows with the
-group). So the first of each group is kept and the others are dropped:
-then adding or removing one file changes the training set by at most one
-example, as the accounting assumes.
+Two examples with the same input bytes are one example given twice: kept,
+they would both move with one record of the data, and the guarantee would
+be group privacy for a group of two (ε grows with the group). The label
+plays no part: one image under two labels is still one person's image
+twice. The same digest (BLAKE2b of the input's bytes: a file's bytes, an
+encoded image, or an array row's raw bytes) serves every route:
+
+* image folders (`folder:` data, `drop_duplicates`): a copied file is the
+  usual way one example enters twice, and files are examples of their
+  own, so the first of each group of copies is kept and the others are
+  dropped before N is counted;
+* arrays and records given as they are (`npz:` and `tfrecord:` data in the
+  trainer, arrays and streams given to a private Keras model's `fit`):
+  copies are refused (`check_source`, `check_rows`, `CopyCounter`), with
+  their count, since which row to keep is the data owner's call;
+  deduplicate the data, or train at user level.
+
+Under user-level privacy (rows with user ids, trained with
+`privacy_unit='user'`), copies held by one user are that user's data and
+fine: ε covers the user's rows together. Copies held by different users
+still count: one image shared by two users would move with either. The
+folder route drops such copies like any other.
 
 Duplicates across splits matter too: a test or validation example that is
 also a training example would put that training example into figures
-evaluated without noise. Such held-out copies are dropped from the held-out
-split.
+evaluated without noise. Such held-out copies of folder data are dropped
+from the held-out split.
 
-Within the training data, a duplicate has the same bytes and the same label
-(one image under two labels is two examples); a held-out example is
-dropped when its bytes are a training example's, whatever its label.
-
-`load_dataset` checks image folders (`folder:` data): there a copied file
-is the usual way one example enters twice. Arrays and TFRecords are taken
-as given, one example per entry. Only exact copies are found (same
-bytes): a re-encoded, resized or cropped copy of an image is another
-example to this module.
+Only exact copies are found (same bytes): a re-encoded, resized or cropped
+copy of an image, or a float row rounded differently, is another example
+to this module.
 """
 
 import hashlib
@@ -34,10 +44,156 @@ from tfdp.data import sources
 from tfdp.data import validation as validation_lib
 
 _CHUNK = 1 << 20
+_DIGEST_BYTES = 16
+
+
+def digest(data):
+    """The content digest of one example's bytes (BLAKE2b, 16 bytes).
+
+    Args:
+        data: bytes-like. An encoded image, or a C-contiguous array.
+    """
+    return hashlib.blake2b(data, digest_size=_DIGEST_BYTES).digest()
+
+
+def row_digests(rows):
+    """The content digest of each row of an array, from its raw bytes.
+
+    Args:
+        rows: np.ndarray `[n, ...]` of numbers (each row's bytes, so the
+            dtype matters: a uint8 row and its float32 copy differ), or
+            `[n]` objects that are bytes (encoded images).
+
+    Returns:
+        A list of n digests; equal digests mean equal bytes.
+    """
+    rows = np.asarray(rows)
+    if rows.dtype == object:
+        return [digest(bytes(row)) for row in rows]
+    if not len(rows):
+        return []
+    flat = np.ascontiguousarray(rows).reshape(len(rows), -1).view(np.uint8)
+    return [digest(row) for row in flat]
+
+
+class CopyCounter:
+    """Counts rows whose input bytes an earlier row of the same pass had.
+
+    Fed the rows of one pass in any number of batches (`add`); `reset`
+    starts the next pass.
+
+    Args:
+        by_user: bool. User-level privacy: a copy held by the same user as
+            the earlier row is not counted; one held by another user is.
+            Defaults to False (every copy counts).
+    """
+
+    def __init__(self, by_user=False):
+        self.by_user = bool(by_user)
+        self.reset()
+
+    def reset(self):
+        """Forgets the rows seen: a new pass."""
+        self.rows = 0
+        self.copies = 0
+        self._users = {}  # digest -> the users (or None) whose rows had it.
+
+    def add(self, digests, user_ids=None):
+        """Takes a batch of rows; returns how many of them are copies.
+
+        Args:
+            digests: list. `row_digests` of the batch's rows.
+            user_ids: sequence of int or None. Each row's user, with
+                `by_user`. Defaults to None.
+        """
+        users = user_ids if self.by_user and user_ids is not None else [None] * len(digests)
+        copies = 0
+        for key, user in zip(digests, users):
+            holders = self._users.setdefault(key, set())
+            if holders and (user is None or user not in holders):
+                copies += 1
+            holders.add(user)
+        self.rows += len(digests)
+        self.copies += copies
+        return copies
+
+
+def copies_error(copies, rows, where, applied="Nothing was trained."):
+    """The message that refuses exact duplicate rows.
+
+    Args:
+        copies: int. Rows that repeat an earlier row's input bytes (a
+            lower bound when the pass was not read to its end).
+        rows: int. The rows compared.
+        where: str. What held them (e.g. "fit's x").
+        applied: str. What was (not) trained.
+    """
+    return (
+        f"{where}: {copies} rows are exact duplicates of other rows in one pass (the same "
+        "input bytes, whatever the label), so one example would count twice and ε would "
+        f"hold for a group of two, not for one example. {applied} Deduplicate the data "
+        "(keep one row of each group of copies), or train at user level "
+        "(privacy_unit='user' with each row's user) so that copies held by one user count "
+        f"as that user's data. Received: {copies} duplicate rows among {rows}"
+    )
+
+
+def check_rows(x, *, where, user_ids=None, sample_weight=None):
+    """Refuses arrays whose rows repeat (before any training).
+
+    Args:
+        x: array `[n, ...]`. The inputs (numpy or a tensor).
+        where: str. What the rows are, for the error.
+        user_ids: array `[n]` or None. Each row's user, under user-level
+            privacy. Defaults to None (every copy counts).
+        sample_weight: array `[n]` or None. Rows of weight 0 contribute
+            nothing and are not compared. Defaults to None.
+
+    Raises:
+        ValueError: naming the count of copies.
+    """
+    x = np.asarray(x)
+    keep = np.arange(len(x))
+    if sample_weight is not None:
+        keep = np.flatnonzero(np.asarray(sample_weight).reshape(-1) != 0)
+    counter = CopyCounter(by_user=user_ids is not None)
+    counter.add(row_digests(x[keep]),
+                None if user_ids is None else np.asarray(user_ids)[keep].tolist())
+    if counter.copies:
+        raise ValueError(copies_error(counter.copies, counter.rows, where))
+
+
+def check_source(source, *, where, by_user=False):
+    """Refuses a source (arrays, encoded images or records) whose examples repeat.
+
+    Only examples whose size in bytes another example shares are hashed,
+    where sizes are known without reading.
+
+    Args:
+        source: An `ArraySource`, `FileSource` or `ArrayRecordSource` (any
+            source with `record(i)`, the bytes of example i).
+        where: str. What the data is, for the error.
+        by_user: bool. User-level privacy: copies held by one user are fine
+            (the source's `user_ids`). Defaults to False.
+
+    Raises:
+        ValueError: naming the count of copies.
+    """
+    sizes = _sizes(source)
+    shared = None
+    if sizes is not None:
+        values, counts = np.unique(sizes, return_counts=True)
+        shared = set(values[counts > 1].tolist())
+    digests = content_digests(source, sizes, shared, "train")
+    user_ids = getattr(source, "user_ids", None)
+    counter = CopyCounter(by_user=by_user and user_ids is not None)
+    counter.add(digests, None if user_ids is None else user_ids.tolist())
+    if counter.copies:
+        raise ValueError(copies_error(counter.copies, counter.rows, where))
 
 
 def _sizes(source):
-    """Bytes of each example, or `None` for a source whose contents are not at hand."""
+    """Bytes of each example, or `None` for a source whose sizes are not at hand."""
     if isinstance(source, folder.FileSource):
         return np.array([os.path.getsize(p) for p in source.paths], np.int64)
     if type(source) is sources.ArraySource:
@@ -49,43 +205,53 @@ def _sizes(source):
 
 def _content(source, i):
     if isinstance(source, folder.FileSource):
-        digest = hashlib.blake2b(digest_size=16)
+        hasher = hashlib.blake2b(digest_size=_DIGEST_BYTES)
         with open(source.paths[i], "rb") as f:
             for chunk in iter(lambda: f.read(_CHUNK), b""):
-                digest.update(chunk)
-        return digest.digest()
-    image = source.images[i]
-    data = bytes(image) if source.encoded else np.ascontiguousarray(image).tobytes()
-    return hashlib.blake2b(data, digest_size=16).digest()
+                hasher.update(chunk)
+        return hasher.digest()
+    if type(source) is sources.ArraySource:
+        image = source.images[i]
+        return digest(bytes(image) if source.encoded else np.ascontiguousarray(image))
+    return digest(source.record(i))
 
 
-def content_keys(source, sizes, shared_sizes, name):
-    """One `(digest, label)` per example: equal digests mean equal bytes.
+def content_digests(source, sizes, shared_sizes, name):
+    """One digest per example: equal digests mean equal bytes.
 
     Only examples whose size in bytes is in `shared_sizes` are hashed (an
     example of a size of its own has no copy), so a folder is not read in
     full; the others get a digest of their own.
 
     Args:
-        source: An `ArraySource` (arrays or encoded images in memory) or a
-            `FileSource` (image files read by index).
-        sizes: np.ndarray. `_sizes(source)`.
-        shared_sizes: set. Sizes that more than one example has, over every
-            split compared.
+        source: An `ArraySource` (arrays or encoded images in memory), a
+            `FileSource` (image files read by index), or a source with
+            `record(i)` (the bytes of example i).
+        sizes: np.ndarray or None. `_sizes(source)`; None hashes every
+            example.
+        shared_sizes: set or None. Sizes that more than one example has,
+            over every split compared.
         name: str. The split's name, which keeps unhashed digests apart.
 
     Returns:
-        A list of `(digest, label)`, one per example.
+        A list of digests, one per example.
     """
-    need = [i for i, size in enumerate(sizes.tolist()) if size in shared_sizes]
-    digests = {i: ("unique", name, i) for i in range(len(sizes))}
+    if sizes is None:
+        need = list(range(len(source)))
+        digests = {}
+    else:
+        need = [i for i, size in enumerate(sizes.tolist()) if size in shared_sizes]
+        digests = {i: ("unique", name, i) for i in range(len(sizes))}
     for i in progress_lib.progress(need, total=len(need), desc=f"hashing {name} images") if need else ():
         digests[i] = _content(source, i)
-    return [(digests[i], label) for i, label in enumerate(source.labels.tolist())]
+    return [digests[i] for i in range(len(source))]
 
 
 def drop_duplicates(train, held_out):
     """Drops repeated training examples, and held-out copies of training examples.
+
+    The first of each group of training examples with the same bytes is
+    kept, whatever the labels.
 
     Args:
         train: The training source.
@@ -107,13 +273,13 @@ def drop_duplicates(train, held_out):
             sizes[name] = held_sizes
     values, counts = np.unique(np.concatenate(list(sizes.values())), return_counts=True)
     shared_sizes = set(values[counts > 1].tolist())
-    keys = content_keys(train, sizes["train"], shared_sizes, "train")
+    digests = content_digests(train, sizes["train"], shared_sizes, "train")
     first = {}
-    for i, key in enumerate(keys):
+    for i, key in enumerate(digests):
         first.setdefault(key, i)
     keep = np.array(sorted(first.values()), np.int64)
-    train_digests = {digest for digest, _ in keys}
-    dropped = {"train": len(keys) - len(keep)}
+    train_digests = set(first)
+    dropped = {"train": len(digests) - len(keep)}
     if dropped["train"]:
         train = validation_lib.subset(train, keep)
     kept = {}
@@ -121,9 +287,9 @@ def drop_duplicates(train, held_out):
         if name not in sizes:
             kept[name] = source
             continue
-        other = content_keys(source, sizes[name], shared_sizes, name)
-        fresh = np.array([i for i, (digest, _) in enumerate(other)
-                          if digest not in train_digests], np.int64)
+        other = content_digests(source, sizes[name], shared_sizes, name)
+        fresh = np.array([i for i, key in enumerate(other) if key not in train_digests],
+                         np.int64)
         dropped[name] = len(other) - len(fresh)
         if dropped[name] == len(other):
             raise ValueError(
@@ -132,4 +298,3 @@ def drop_duplicates(train, held_out):
             )
         kept[name] = validation_lib.subset(source, fresh) if dropped[name] else source
     return train, kept, dropped
-

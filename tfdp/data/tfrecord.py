@@ -78,14 +78,22 @@ class ArrayRecordSource:
             self.path, self.labels[indices], self.info, self.keys[indices],
             None if self.user_ids is None else self.user_ids[indices])
 
-    def _read(self, key):
+    def _open(self):
         if self._reader is None:
             from array_record.python.array_record_data_source import ArrayRecordDataSource
 
             self._reader = ArrayRecordDataSource(self.path)
+        return self._reader
+
+    def _read(self, key):
+        self._open()
         with self._lock:  # numpy_function runs on parallel tf.data threads.
             self.reads += 1
         return self._reader[int(key)]
+
+    def record(self, index):
+        """The encoded image of example `index`, as bytes (eager; not counted in `reads`)."""
+        return self._open()[int(self.keys[index])]
 
     def fetch(self, index):
         """Returns `(encoded_image, label)` of example `index`."""

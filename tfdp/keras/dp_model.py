@@ -28,6 +28,7 @@ import numpy as np
 import tensorflow as tf
 from keras.src.trainers.data_adapters import array_slicing
 
+from tfdp.data import duplicates
 from tfdp.dp import adapted_state
 from tfdp.dp import clipping
 from tfdp.dp import layer_taps
@@ -188,6 +189,9 @@ def private_update(model, optimizer, per_example_loss, x, y, sample_weight=None,
     weights = None
     if sample_weight is not None:
         weights = tf.reshape(tf.cast(sample_weight, tf.float32), [rows])
+    # A stream's rows are compared with the pass's earlier rows before
+    # anything of this batch is released (`PrivacyAccount.count_copies`).
+    optimizer.account.count_copies(x, weights)
     num_microbatches = getattr(optimizer, "num_microbatches", None)
     x, group = _microbatch_rows(x, num_microbatches, batch_size)
     if num_microbatches is None:
@@ -466,6 +470,14 @@ class DPModel(keras.Model):
         In every case a logical step never spans two epochs: an unfinished
         step is discarded, unreleased, at each epoch start.
 
+        Exact duplicates (rows with the same input bytes, whatever their
+        label or target; `tfdp.data.duplicates`) would make one example
+        count twice. Arrays with copies are refused before any step (under
+        `privacy_unit="user"`, copies held by one user are allowed; rows of
+        sample weight 0 are not compared). A stream's rows are hashed as
+        each pass runs: the batch that repeats an earlier row of its pass
+        releases nothing, and `fit` stops with a `ValueError`.
+
         Args: as `keras.Model.fit`, and
             user_ids: array `[n]` or None. The user of each example (integers
                 or strings), under `privacy_unit="user"` only. Defaults to
@@ -509,6 +521,9 @@ class DPModel(keras.Model):
             dataset_size = len(x)
             if ids is not None:
                 ids, dataset_size = user_groups.compact_user_ids(ids)
+            # One example twice would be a group of two; refused before any step.
+            duplicates.check_rows(x, where="fit's x", user_ids=ids,
+                                  sample_weight=sample_weight)
             physical = batch_size or 32  # Keras' default for arrays.
             plan = optimizer.plan_fit(arrays=True, dataset_size=dataset_size,
                                       physical_batch_size=physical, shuffle=bool(shuffle),
@@ -532,6 +547,15 @@ class DPModel(keras.Model):
             common.setdefault("validation_batch_size", physical)
             self._dp_prepare(plan, physical, logical_steps)
             return super().fit(dataset, shuffle=False, **common)
+        if self.jit_compile:
+            # Each batch's rows are hashed on the host before its release
+            # (`PrivacyAccount.count_copies`), which XLA cannot compile.
+            raise ValueError(
+                "A private model's fit on a stream compares each batch's rows with the "
+                "pass's earlier rows on the host, which XLA cannot compile: compile with "
+                "jit_compile=False (the default), or give arrays. Received: jit_compile=True "
+                f"and x of type {type(x).__name__}"
+            )
         physical = _stream_batch_size(x, batch_size)
         plan = optimizer.plan_fit(arrays=False, physical_batch_size=physical,
                                   shuffle=bool(shuffle))

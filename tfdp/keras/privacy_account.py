@@ -4,10 +4,14 @@ The ledger composes the noisy updates taken (`iterations`) or, for a
 streamed input, at least one whole pass per epoch that released a step; the
 budget of `tfdp.callbacks.PrivacyBudget` is enforced here, inside the train
 step, so that it holds at batch granularity; and a stream's pass is counted
-against N, since the per-pass bound needs each example at most once a pass.
+against N, and its rows are compared by content hash, since the per-pass
+bound needs each example at most once a pass.
 """
 
+import numpy as np
 import tensorflow as tf
+
+from tfdp.data import duplicates
 
 
 class PrivacyAccount:
@@ -17,9 +21,10 @@ class PrivacyAccount:
     not optimizer variables, so nothing that saves the model or the
     optimizer holds them: whether this epoch released a step, the budget set
     by `PrivacyBudget`, and, for a stream, the examples of this epoch's
-    pass, the most one pass may hold (N) and whether this epoch went over
-    it. The count of passes that released a step is the optimizer's saved
-    variable `passes`, handed over by `build`.
+    pass, the most one pass may hold (N), whether this epoch went over it,
+    and how many of its rows copy an earlier row of the pass. The count of
+    passes that released a step is the optimizer's saved variable `passes`,
+    handed over by `build`.
     """
 
     def __init__(self):
@@ -35,6 +40,12 @@ class PrivacyAccount:
                                           name="dp_pass_examples")
         self._pass_limit = tf.Variable(-1, trainable=False, dtype=tf.int64, name="dp_pass_limit")
         self._pass_overflow = tf.Variable(False, trainable=False, name="dp_pass_overflow")
+        # A stream's rows of this epoch that repeat an earlier row's input
+        # bytes (`tfdp.data.duplicates`), and the digests seen (host memory).
+        self._pass_copies = tf.Variable(0, trainable=False, dtype=tf.int64,
+                                        name="dp_pass_copies")
+        self._copies = duplicates.CopyCounter()
+        self._checks_copies = False
 
     def build(self, passes):
         """Takes the optimizer's saved count of passes that released a step."""
@@ -43,6 +54,7 @@ class PrivacyAccount:
     def set_route(self, counts_passes, pass_limit):
         """Whether a stream's passes are counted, and N for its pass (or None)."""
         self.counts_passes = bool(counts_passes)
+        self._checks_copies = self.counts_passes
         with tf.init_scope():  # May run while a train step is traced.
             self._pass_limit.assign(-1 if pass_limit is None else int(pass_limit))
 
@@ -57,6 +69,8 @@ class PrivacyAccount:
         self._epoch_released.assign(False)
         self._pass_examples.assign(0)
         self._pass_overflow.assign(False)
+        self._pass_copies.assign(0)
+        self._copies.reset()
 
     # ------------------------------------------------------------------
     # In the traced train step.
@@ -72,6 +86,30 @@ class PrivacyAccount:
         over = tf.logical_and(self._pass_limit >= 0, count > self._pass_limit)
         self._pass_overflow.assign(tf.logical_or(self._pass_overflow, over))
 
+    def count_copies(self, rows, weights=None):
+        """Counts a stream batch's rows that copy an earlier row of the pass.
+
+        Each row's input bytes are hashed on the host (`tfdp.data.duplicates`,
+        the digest of every route); rows of weight 0 are not examples. From
+        the first copy on, nothing of the pass is released (`check_pass`
+        then stops `fit`). Does nothing for tfdp's own array batches, whose
+        arrays are checked before training.
+
+        Args:
+            rows: tensor `[B, ...]`. The batch's inputs.
+            weights: float tensor `[B]` or None. The rows' sample weights.
+        """
+        if not self._checks_copies:
+            return
+        if weights is None:
+            weights = tf.ones(tf.shape(rows)[:1], tf.float32)
+        copies = tf.numpy_function(self._add_rows, [rows, weights], tf.int64, stateful=True)
+        self._pass_copies.assign_add(tf.reshape(copies, []))
+
+    def _add_rows(self, rows, weights):
+        kept = rows[np.asarray(weights).reshape(-1) != 0]
+        return np.int64(self._copies.add(duplicates.row_digests(kept)))
+
     def release_allowed(self, step):
         """Whether step `step` may be released: within the budget, no pass above N."""
         new_pass = tf.where(self._epoch_released, tf.constant(0, tf.int64),
@@ -79,7 +117,9 @@ class PrivacyAccount:
         passes = tf.cast(self.passes, tf.int64) + new_pass
         accounted = tf.maximum(step + 1, passes * self._pass_steps)
         within = tf.logical_or(self._max_steps < 0, accounted <= self._max_steps)
-        return tf.logical_and(within, tf.logical_not(self._pass_overflow))
+        clean = tf.logical_and(tf.logical_not(self._pass_overflow),
+                               tf.equal(self._pass_copies, 0))
+        return tf.logical_and(within, clean)
 
     def record_release(self):
         """Counts a released step (and, for a stream, its pass)."""
@@ -93,15 +133,22 @@ class PrivacyAccount:
     # ------------------------------------------------------------------
 
     def check_pass(self):
-        """Raises once a stream's pass has delivered more than N examples.
+        """Raises once a stream's pass has delivered more than N examples, or a copy.
 
-        The batch that takes the count above N, and every later one of the
-        epoch, releases nothing, so the logical step it belongs to is never
+        The batch that takes the count above N or holds a row that repeats
+        an earlier row of the pass, and every later one of the epoch,
+        releases nothing, so the logical step it belongs to is never
         applied; `fit` calls this after each batch to stop with this error.
 
         Raises:
-            ValueError: naming N and the count.
+            ValueError: naming N and the count, or the copies found.
         """
+        copies = int(self._pass_copies.numpy())
+        if copies:
+            raise ValueError(duplicates.copies_error(
+                copies, self._copies.rows, "A pass over the training stream",
+                "The logical step in progress and the rest of the pass were not applied; "
+                "the pass was not read to its end, so there may be more copies."))
         if not bool(self._pass_overflow.numpy()):
             return
         raise ValueError(too_many_examples_error(

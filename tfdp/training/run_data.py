@@ -53,11 +53,13 @@ class RunData:
 
 
 def load_run_data(dataset, *, data_dir, seed, validation_fraction, test_dataset, dry_run,
-                  report_non_dp_statistics):
+                  report_non_dp_statistics, privacy_unit="example"):
     """The splits of `dataset` (`tfdp.data.load_dataset`), with the data lines logged.
 
     A dry run of a catalog dataset reads no data: it runs on mock data of the
     catalog's shapes, and says whether the real run would find its data.
+    `privacy_unit` ("example" or "user") decides which exact duplicates of
+    `npz:` and `tfrecord:` data are refused (`tfdp.data.duplicates`).
     """
     if dry_run and dataset in data_lib.CATALOG:
         from tfdp.data import sources
@@ -71,7 +73,7 @@ def load_run_data(dataset, *, data_dir, seed, validation_fraction, test_dataset,
                        info=data_lib.DatasetInfo(dataset, entry.num_classes, entry.image_shape))
     loaded = data_lib.load_dataset(dataset, data_dir=data_dir, seed=seed,
                                    validation_fraction=validation_fraction,
-                                   test_dataset=test_dataset)
+                                   test_dataset=test_dataset, privacy_unit=privacy_unit)
     held_out = {name: len(getattr(loaded, name)) for name in ("test", "validation")
                 if getattr(loaded, f"{name}_held_out")}
     reporting.data_lines(
