@@ -7,10 +7,12 @@ adjacency, so their replace-one epsilon (sigma / 2 per pass) is reported too.
 
 import io
 import json
+import re
 
 from absl.testing import absltest
 from absl.testing import parameterized
 
+from tests.privacy import closed_forms as cf
 from tfdp import samplers
 from tfdp.privacy import PrivacyLedger
 from tfdp.privacy import cli
@@ -19,13 +21,20 @@ from tfdp.privacy import cli
 N, B, SIGMA, DELTA = 60000, 256, 1.0, 1e-5
 TEN_PASSES = 10 * (N // B)
 
+# The figures, in closed form: k Gaussian mechanisms by RDP, k * a / (2 s^2)
+# converted to epsilon (tests/privacy/closed_forms.py). Zero-out: sigma per
+# pass; replace-one: one example moves a pass's sum by 2C, so sigma / 2.
+ZERO_OUT_10 = cf.gaussian_composition_rdp_epsilon(SIGMA, 10, DELTA)
+REPLACE_ONE_10 = cf.gaussian_composition_rdp_epsilon(SIGMA / 2, 10, DELTA)
+ZERO_OUT_20 = cf.gaussian_composition_rdp_epsilon(SIGMA, 20, DELTA)
+
 
 def _shuffle_ledger(steps):
     return PrivacyLedger(SIGMA, delta=DELTA, steps=steps, sampler="shuffle",
                          dataset_size=N, batch_size=B)
 
 
-class RelationTest(parameterized.TestCase):
+class RelationTest(parameterized.TestCase, cf.ClosedFormAssertions):
 
     @parameterized.parameters(
         ("poisson", "add_or_remove_one", False),
@@ -50,11 +59,15 @@ class RelationTest(parameterized.TestCase):
         # stream that holds every example twice per Keras epoch: each pass
         # then moves a step's sum by 2C).
         ledger = _shuffle_ledger(TEN_PASSES)
-        self.assertAlmostEqual(ledger.epsilon(), 19.05, places=2)
-        self.assertAlmostEqual(ledger.epsilon_replace_one(), 48.80, places=2)
+        self.assertGaussianRdp(ledger.epsilon(), SIGMA, 10, DELTA)
+        self.assertGaussianRdp(ledger.epsilon_replace_one(), SIGMA / 2, 10, DELTA)
         # What a ledger that took the twice-repeated stream's 2 x 10 passes
         # as distinct passes reported: 30.13, below the 48.80 that holds.
-        self.assertAlmostEqual(_shuffle_ledger(2 * TEN_PASSES).epsilon(), 30.13, places=2)
+        self.assertGaussianRdp(_shuffle_ledger(2 * TEN_PASSES).epsilon(), SIGMA, 20, DELTA)
+        self.assertLess(ZERO_OUT_20, REPLACE_ONE_10)
+        # docs/PRIVACY.md's table prints these closed forms.
+        self.assertEqual([round(e, 2) for e in (ZERO_OUT_10, REPLACE_ONE_10, ZERO_OUT_20)],
+                         [19.05, 48.80, 30.13])
 
     def test_poisson_reports_no_replace_one_figure(self):
         ledger = PrivacyLedger(SIGMA, delta=DELTA, steps=100, dataset_size=N, batch_size=B)
@@ -68,13 +81,14 @@ class RelationTest(parameterized.TestCase):
         self.assertEqual(cli.main(args, stdout=out, stderr=err), 0, err.getvalue())
         text = out.getvalue()
         self.assertRegex(text, r"(?m)^sampler +shuffle \(zero_out\)$")
-        self.assertRegex(text, r"(?m)^replace-one epsilon \(rdp\) +48\.80\d\d$")
+        self.assertRegex(text, r"(?m)^replace-one epsilon \(rdp\) +%s$"
+                         % re.escape(f"{REPLACE_ONE_10:.4f}"))
         self.assertRegex(text, r"(?m)^delta +1e-05$")
         out = io.StringIO()
         self.assertEqual(cli.main(args + ["--json"], stdout=out, stderr=err), 0)
         result = json.loads(out.getvalue())
         self.assertEqual(result["adjacency"], "zero_out")
-        self.assertAlmostEqual(result["epsilon_replace_one_rdp"], 48.80, places=2)
+        self.assertGaussianRdp(result["epsilon_replace_one_rdp"], SIGMA / 2, 10, DELTA)
         out = io.StringIO()
         args[-1] = "--sampler=poisson"
         self.assertEqual(cli.main(args + ["--json"], stdout=out, stderr=err), 0)

@@ -4,7 +4,9 @@ import dp_accounting
 from absl.testing import absltest
 from absl.testing import parameterized
 from dp_accounting import rdp as dp_rdp
+from scipy import optimize
 
+from tests.privacy import closed_forms as cf
 from tfdp import privacy
 
 
@@ -65,6 +67,40 @@ class CalibrateNoiseTest(parameterized.TestCase):
             tol=1e-6,
         )
         self.assertAlmostEqual(ours, theirs, delta=2e-4 * theirs)
+        # The sigma at which the exact RDP (closed_forms) reaches the target:
+        # tfdp's RDP is never below the exact one, so its sigma is not below
+        # this, and above it by at most the tolerance and the fractional
+        # orders' slack (closed_forms.RDP_FRACTIONAL_SLACK, in epsilon, which
+        # moves sigma by less).
+        exact = optimize.brentq(
+            lambda s: cf.poisson_rdp_epsilon(s, steps, q, delta) - target,
+            0.5, 5.0, xtol=1e-7,
+        )
+        self.assertBetween(ours, exact * (1 - 1e-6),
+                           exact * (1 + 1e-4 + cf.RDP_FRACTIONAL_SLACK))
+
+    @parameterized.parameters(
+        # accountant, steps: 100 steps per pass (N = 50,000, B = 500).
+        ("rdp", 100),
+        ("pld", 250),
+    )
+    def test_shuffle_matches_closed_form(self, accountant, steps):
+        # The smallest sigma whose passes Gaussian mechanisms reach epsilon
+        # = 3 at delta = 1e-5: passes * a / (2 sigma^2) by RDP, the exact
+        # mu = sqrt(passes) / sigma Gaussian for PLD. calibrate_noise lands
+        # at most its tolerance above it, and never below it.
+        tolerance, target, delta = 1e-3, 3.0, 1e-5
+        passes = cf.shuffle_passes(steps, 50_000, 500)
+        closed_form = (cf.gaussian_composition_rdp_epsilon if accountant == "rdp"
+                       else cf.gaussian_composition_exact_epsilon)
+        exact = optimize.brentq(
+            lambda s: closed_form(s, passes, delta) - target, 0.1, 100.0, xtol=1e-10
+        )
+        got = privacy.calibrate_noise(
+            target, delta, steps=steps, dataset_size=50_000, batch_size=500,
+            accountant=accountant, sampler="shuffle", tolerance=tolerance,
+        )
+        self.assertBetween(got, exact * (1 - 1e-6), exact * (1 + tolerance))
 
     def test_shuffle_needs_more_noise_than_poisson(self):
         kw = dict(

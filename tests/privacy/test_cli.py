@@ -9,9 +9,9 @@ import sys
 import dp_accounting
 from absl.testing import absltest
 from absl.testing import parameterized
-from dp_accounting import pld as dp_pld
 from dp_accounting import rdp as dp_rdp
 
+from tests.privacy import closed_forms as cf
 from tfdp import privacy
 from tfdp.privacy import cli
 
@@ -43,7 +43,7 @@ def _main(*args):
     return code, out.getvalue(), err.getvalue()
 
 
-class CliSubprocessTest(absltest.TestCase):
+class CliSubprocessTest(absltest.TestCase, cf.ClosedFormAssertions):
     def test_paper_run_json_both_accountants(self):
         proc = _run(
             *PAPER, "--noise_multiplier=1.3127", "--accountant=both", "--json"
@@ -61,6 +61,7 @@ class CliSubprocessTest(absltest.TestCase):
             result["epsilon_rdp"],
             privacy.epsilon(1.3127, 1369, 1e-6, sampling_rate=65536 / 1281167),
         )
+        self.assertPoissonRdp(result["epsilon_rdp"], 1.3127, 1369, 65536 / 1281167, 1e-6)
         self.assertEqual(
             [r["delta"] for r in result["epsilon_table"]],
             list(privacy.DEFAULT_DELTAS),
@@ -86,8 +87,11 @@ class CliSubprocessTest(absltest.TestCase):
         direct = dp_rdp.RdpAccountant()
         direct.compose(dp_accounting.GaussianDpEvent(1.3127), count=70)
         self.assertEqual(result["epsilon_rdp"], direct.get_epsilon(1e-6))
-        self.assertEqual(round(result["epsilon_rdp"], 2), 52.28)
+        # 70 Gaussian mechanisms in closed form (52.28 in docs/PRIVACY.md),
+        # and PLD at the exact mu = sqrt(70) / sigma Gaussian (49.86).
+        self.assertGaussianRdp(result["epsilon_rdp"], 1.3127, 70, 1e-6)
         self.assertIn("epsilon_pld", result)
+        self.assertGaussianPld(result["epsilon_pld"], 1.3127, 70, 1e-6)
         self.assertLessEqual(result["epsilon_pld"], result["epsilon_rdp"])
         self.assertGreater(result["epsilon_pld"], 12.0)
 
@@ -111,7 +115,7 @@ class CliSubprocessTest(absltest.TestCase):
         self.assertIn("--sampler {poisson,shuffle", proc.stdout)
 
 
-class CliInProcessTest(parameterized.TestCase):
+class CliInProcessTest(parameterized.TestCase, cf.ClosedFormAssertions):
     def test_target_epsilon_json(self):
         code, out, err = _main(
             "--dataset_size=60000",
@@ -214,11 +218,7 @@ class CliInProcessTest(parameterized.TestCase):
         result = json.loads(out)
         self.assertEqual(result["adjacency"], "zero_out")
         # 100 steps per pass: 250 steps are 3 passes.
-        direct = dp_pld.PLDAccountant()
-        direct.compose(dp_accounting.GaussianDpEvent(1.0), count=3)
-        self.assertAlmostEqual(
-            result["epsilon_pld"], direct.get_epsilon(1e-5), places=9
-        )
+        self.assertGaussianPld(result["epsilon_pld"], 1.0, 3, 1e-5)
 
     @parameterized.parameters(
         # sampler, N, B, epochs, steps.

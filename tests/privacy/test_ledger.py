@@ -6,6 +6,7 @@ import warnings
 from absl.testing import absltest
 from absl.testing import parameterized
 
+from tests.privacy import closed_forms as cf
 from tfdp import privacy
 from tfdp.privacy import PrivacyLedger
 
@@ -22,7 +23,7 @@ def _ledger(**overrides):
     return PrivacyLedger(sigma, **kw)
 
 
-class PrivacyLedgerTest(parameterized.TestCase):
+class PrivacyLedgerTest(parameterized.TestCase, cf.ClosedFormAssertions):
     def test_fields(self):
         ledger = _ledger()
         self.assertEqual(ledger.noise_multiplier, 1.1)
@@ -207,6 +208,8 @@ class PrivacyLedgerTest(parameterized.TestCase):
         )
         direct.compose(dp_accounting.GaussianDpEvent(1.1), count=2)
         self.assertAlmostEqual(ledger.epsilon(), direct.get_epsilon(1e-6), places=9)
+        # The exact epsilon of the mu = sqrt(2) / 1.1 Gaussian.
+        self.assertGaussianPld(ledger.epsilon(), 1.1, 2, 1e-6)
         self.assertEqual(ledger.epsilon_after(468), ledger.epsilon())
         self.assertGreater(ledger.epsilon_after(469), ledger.epsilon())
         self.assertEqual(PrivacyLedger.from_json(ledger.to_json()), ledger)
@@ -256,6 +259,8 @@ class PrivacyLedgerTest(parameterized.TestCase):
         self.assertEqual(ledger.effective_noise_multiplier, 0.55)
         self.assertAlmostEqual(ledger.epsilon(), half.epsilon(), places=12)
         self.assertAlmostEqual(ledger.epsilon_replace_one(), half.epsilon(), places=12)
+        # 40 steps of the 234 in a pass: one Gaussian mechanism at sigma / 2.
+        self.assertGaussianRdp(ledger.epsilon(), 0.55, 1, 1e-6)
         self.assertIn("sensitivity 2C", ledger.describe_epsilon())
         self.assertEqual(PrivacyLedger.from_json(ledger.to_json()), ledger)
         self.assertEqual(ledger.differences(_ledger(**kw)), {"sensitivity": (2, 1)})
