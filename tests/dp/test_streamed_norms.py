@@ -207,7 +207,11 @@ class StreamedMemoryTest(tf.test.TestCase):
             ratio_small = small[method] / small["nonprivate"]
             ratio_large = large[method] / large["nonprivate"]
             self.assertLess(ratio_large, 1.15, (method, small, large))
-            self.assertLess(ratio_large, ratio_small + 0.05, (method, small, large))
+            # Slack of one activation (8 MiB of 96 at 128 px): with two
+            # inter-op threads the order of independent ops, and so which
+            # tensors are alive together, varies between runs (mixed has
+            # measured 96 and 104 MiB at 128 px on the same code).
+            self.assertLess(ratio_large, ratio_small + 0.09, (method, small, large))
         # The same measurement does see a path that keeps more: 4 x 8 MiB at
         # 128 px. (`clipping._recorded`, which asks the tape for every output
         # gradient at once, measured 1.12-1.41x here while the GroupNorm
