@@ -11,6 +11,7 @@ __version__ = "0.1.0"
 _LAZY = {
       "dp": "tfdp.dp",
       "privacy": "tfdp.privacy",
+      "layers": "tfdp.layers",
       "models": "tfdp.models",
       "data": "tfdp.data",
       "optim": "tfdp.optim",

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from tests.dp import dp_test_case
 from tfdp import dp
+from tfdp import layers
 from tfdp import models
 from tfdp.dp import layer_grads
 from tfdp.dp.rules import conv as conv_rule
@@ -140,14 +141,14 @@ class ClippingEquivalenceTest(dp_test_case.DPTestCase, parameterized.TestCase):
         inp = keras.Input((8, 8, 3))
         h = keras.layers.Conv2D(8, 4, strides=4)(inp)
         h = keras.layers.Reshape((4, 8))(h)
-        h = models.vit_layers.ClassToken(initializer="random_normal")(h)
-        h = models.vit_layers.AddPositionEmbedding()(h)
+        h = layers.ClassToken(initializer="random_normal")(h)
+        h = layers.AddPositionEmbedding()(h)
         y = keras.layers.LayerNormalization(epsilon=1e-6)(h)
         attention = keras.layers.MultiHeadAttention(2, 4)
         y = attention(y, y)
         # Softmax cancels the key bias: its gradient is rounding noise.
         attention._key_dense.bias.trainable = False
-        h = h + models.vit_layers.LayerScale(0.5)(y)
+        h = h + layers.LayerScale(0.5)(y)
         h = h + keras.layers.Dense(8)(keras.layers.Dense(16, activation="gelu")(h))
         h = keras.layers.Lambda(lambda t: t[:, 0])(h)
         model = keras.Model(inp, keras.layers.Dense(3)(h))

@@ -7,6 +7,11 @@ No builder has a trainable BatchNormalization: the `keras.applications`
 backbones (`keras_application`) get GroupNorm instead, or frozen BatchNorm.
 """
 
+from tfdp.layers import AddPositionEmbedding
+from tfdp.layers import ClassToken
+from tfdp.layers import GroupNormalization
+from tfdp.layers import LayerScale
+from tfdp.layers import WSConv2D
 from tfdp.models.applications import APPLICATIONS
 from tfdp.models.applications import convnext_tiny
 from tfdp.models.applications import densenet121
@@ -15,7 +20,6 @@ from tfdp.models.applications import freeze_batchnorm
 from tfdp.models.applications import keras_application
 from tfdp.models.applications import mobilenet_v2
 from tfdp.models.find_batchnorm import find_batchnorm
-from tfdp.models.group_normalization import GroupNormalization
 from tfdp.models.replace_batchnorm import replace_batchnorm
 from tfdp.models.resnet_v2 import resnet_v2
 from tfdp.models.resnets import resnet101
@@ -38,11 +42,7 @@ from tfdp.models.vit import vit
 from tfdp.models.vit import vit_b16
 from tfdp.models.vit import vit_s16
 from tfdp.models.vit import vit_ti16
-from tfdp.models.vit_layers import AddPositionEmbedding
-from tfdp.models.vit_layers import ClassToken
-from tfdp.models.vit_layers import LayerScale
 from tfdp.models.wide_resnet_gn import wide_resnet_gn
-from tfdp.models.ws_conv2d import WSConv2D
 
 __all__ = [
     "APPLICATIONS",

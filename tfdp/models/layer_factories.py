@@ -8,8 +8,8 @@ import math
 
 import keras
 
-from tfdp.models.group_normalization import GroupNormalization
-from tfdp.models.ws_conv2d import WSConv2D
+from tfdp.layers import GroupNormalization
+from tfdp.layers import WSConv2D
 
 
 def clamp_groups(groups, channels):

@@ -4,8 +4,8 @@ import gin
 import keras
 from keras.src.models.functional import Functional
 
+from tfdp.layers import GroupNormalization
 from tfdp.models import layer_factories
-from tfdp.models.group_normalization import GroupNormalization
 
 
 def _to_group_norm(layer, groups):

@@ -3,10 +3,10 @@
 import gin
 import keras
 
+from tfdp.layers import AddPositionEmbedding
+from tfdp.layers import ClassToken
+from tfdp.layers import LayerScale
 from tfdp.models import layer_factories
-from tfdp.models.vit_layers import AddPositionEmbedding
-from tfdp.models.vit_layers import ClassToken
-from tfdp.models.vit_layers import LayerScale
 
 # (width, depth, heads) of the named sizes (Touvron et al. 2021's Ti and S,
 # Dosovitskiy et al.'s B); the MLP is 4x the width.
@@ -46,7 +46,7 @@ def vit(
     - `head_norm` (LayerNorm) and `head_dense` on the class token's output.
 
     Every layer is a standard Keras layer (`Conv2D`, `MultiHeadAttention`,
-    `LayerNormalization`, `Dense`) or one of `tfdp.models.vit_layers`, so a
+    `LayerNormalization`, `Dense`) or one of `tfdp.layers`, so a
     saved model loads after `import tfdp.models`. There is no BatchNorm, and
     no layer mixes examples.
 

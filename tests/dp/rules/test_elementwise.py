@@ -6,7 +6,7 @@ import tensorflow as tf
 from tests.dp.rules import rule_test_case
 from tfdp import dp
 from tfdp.dp.rules import elementwise
-from tfdp.models import vit_layers
+from tfdp.layers import vit_layers
 
 
 def _tiny_vit():

@@ -1,6 +1,5 @@
 """Rule for weights added or multiplied elementwise: class token, position
-embedding, layer scale (`tfdp.models.vit_layers`, and Keras ConvNeXt's
-`LayerScale`).
+embedding, layer scale (`tfdp.layers`, and Keras ConvNeXt's `LayerScale`).
 
 Example i's gradients follow from the output gradient G_i alone:
 - x + E (`AddPositionEmbedding`): ∂L_i/∂E = G_i. Its norm is ‖G_i‖², with
@@ -17,7 +16,7 @@ import tensorflow as tf
 
 from tfdp.dp import layer_grads
 from tfdp.dp.rules import registry
-from tfdp.models import vit_layers
+from tfdp.layers import vit_layers
 
 try:  # Keras's own layer scale, in keras.applications.ConvNeXt*.
     from keras.src.applications.convnext import LayerScale as KerasLayerScale

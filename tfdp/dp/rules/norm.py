@@ -2,7 +2,7 @@
 
 The output is γ·x̂ + β with x̂ depending on the example's input only, so per
 example ∂L/∂γ = Σ g ⊙ x̂ and ∂L/∂β = Σ g over the axes γ does not span, g the
-output gradient. tfdp's `GroupNormalization` (`tfdp.models`) records its own
+output gradient. tfdp's `GroupNormalization` (`tfdp.layers`) records its own
 per-channel statistics; Keras's is computed op for op by the tap. Layers
 outside the closed form (mixed precision, a GroupNormalization on a non-last
 axis, a modified `call`) get the generic rule. BatchNormalization has its own
@@ -15,7 +15,7 @@ import tensorflow as tf
 from tfdp.dp import layer_taps
 from tfdp.dp.rules import generic
 from tfdp.dp.rules import registry
-from tfdp.models import group_normalization
+from tfdp.layers import group_normalization
 
 
 def _group_axes(layer, rank):

@@ -2,7 +2,7 @@ import keras
 import numpy as np
 
 from tests.models.model_test_case import ModelTestCase
-from tfdp.models import WSConv2D
+from tfdp.layers import WSConv2D
 
 
 class WSConv2DTest(ModelTestCase):

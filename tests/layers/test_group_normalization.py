@@ -7,12 +7,12 @@ import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
-from tfdp import models
+from tfdp import layers
 
 
 def _pair(groups, shape, rng, **kwargs):
     """Keras's and tfdp's layer, built for `shape`, with the same random weights."""
-    ours = models.GroupNormalization(groups, **kwargs)
+    ours = layers.GroupNormalization(groups, **kwargs)
     theirs = keras.layers.GroupNormalization(groups, **kwargs)
     for layer in (ours, theirs):
         layer.build(shape)
@@ -62,13 +62,13 @@ class GroupNormalizationTest(tf.test.TestCase, parameterized.TestCase):
         self.assertAllClose(inv_std[:, 0, :], np.repeat(expected_inv, 3, axis=1), rtol=1e-4)
 
     def test_unknown_batch_and_spatial_sizes(self):
-        layer = models.GroupNormalization(2)
+        layer = layers.GroupNormalization(2)
         fn = tf.function(layer, input_signature=[tf.TensorSpec([None, None, None, 4])])
         x = tf.random.normal([3, 5, 7, 4])
         self.assertAllClose(fn(x), layer(x))
 
     def test_mixed_precision_keeps_the_compute_dtype(self):
-        layer = models.GroupNormalization(2, dtype="mixed_bfloat16")
+        layer = layers.GroupNormalization(2, dtype="mixed_bfloat16")
         reference = keras.layers.GroupNormalization(2, dtype="mixed_bfloat16")
         x = tf.random.normal([2, 4, 4, 4])
         y = layer(x)
@@ -77,12 +77,12 @@ class GroupNormalizationTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_saves_and_loads_as_tfdp_group_norm(self):
         inputs = keras.Input((4, 4, 4))
-        model = keras.Model(inputs, models.GroupNormalization(2, epsilon=1e-4)(inputs))
+        model = keras.Model(inputs, layers.GroupNormalization(2, epsilon=1e-4)(inputs))
         model.layers[-1].gamma.assign([0.5, 1.0, 1.5, 2.0])
         path = os.path.join(self.get_temp_dir(), "gn.keras")
         model.save(path)
         loaded = keras.models.load_model(path)
-        self.assertIsInstance(loaded.layers[-1], models.GroupNormalization)
+        self.assertIsInstance(loaded.layers[-1], layers.GroupNormalization)
         self.assertEqual(loaded.layers[-1].epsilon, 1e-4)
         x = tf.random.normal([2, 4, 4, 4])
         self.assertAllClose(loaded(x), model(x))
