@@ -7,6 +7,7 @@ No builder has a trainable BatchNormalization: the `keras.applications`
 backbones (`keras_application`) get GroupNorm instead, or frozen BatchNorm.
 """
 
+from tfdp.dp.freezing import freeze_unclippable
 from tfdp.layers import AddPositionEmbedding
 from tfdp.layers import ClassToken
 from tfdp.layers import GroupNormalization
@@ -32,7 +33,6 @@ from tfdp.models.sub_blocks import SUB_BLOCKS
 from tfdp.models.sub_blocks import sub_block_layers
 from tfdp.models.transfer import FREEZABLE_SUB_BLOCKS
 from tfdp.models.transfer import freeze_sub_blocks
-from tfdp.models.transfer import freeze_unclippable
 from tfdp.models.transfer import load_pretrained
 from tfdp.models.transfer import load_weights_matching
 from tfdp.models.transfer import pretrained

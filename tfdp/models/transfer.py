@@ -14,6 +14,8 @@ import os
 import gin
 import keras
 
+from tfdp.dp import adapted_state
+from tfdp.dp import freezing
 from tfdp.models.applications import keras_application
 from tfdp.models.applications import prepare_batchnorm
 from tfdp.models.sub_blocks import SUB_BLOCKS
@@ -207,82 +209,6 @@ def load_weights_matching(model, checkpoint_path_or_model, skip=("head_dense",))
     return [path for path, _, _ in pairs]
 
 
-def _layers_with_paths(model, path=""):
-    # Every layer under `model` (composite layers' sublayers too), with its
-    # `/`-joined path: the sublayers of different attention blocks share names.
-    for layer in model._flatten_layers(include_self=False, recursive=False):
-        layer_path = f"{path}/{layer.name}" if path else layer.name
-        yield layer_path, layer
-        yield from _layers_with_paths(layer, layer_path)
-
-
-@gin.configurable(module="tfdp.models")
-def freeze_unclippable(model, freeze_rules=()):
-    """Freezes the layers whose weights the per-layer clipping cannot see.
-
-    It asks the DP engine, on the model's declared input:
-    - which trainable variables are read by a layer other than their owner
-      (tied weights; `tfdp.dp.model_probe`): the tapped methods refuse
-      them, so their owners are frozen;
-    - which trainable variables no leaf layer owns
-      (`tfdp.dp.clipping.uncovered_variables`): those variables are frozen;
-    - with `freeze_rules`, which layers the registry gives one of those
-      rules (`tfdp.dp.rules.rule_for`), e.g. `("generic",)` for every layer
-      clipped only through per-example VJPs, as Bu et al. 2022 froze the
-      modules their engine did not support.
-
-    A layer that mixes examples cannot be made private by freezing (its
-    outputs carry other examples' data into every later layer), so it is an
-    error here as in training.
-
-    Args:
-        model: keras.Model. A built model with a declared input; no
-            trainable BatchNorm (`replace_batchnorm` or `freeze_batchnorm`
-            first).
-        freeze_rules: tuple of str. Rule names (`dp.plan`'s "kind") whose
-            layers are frozen too. Defaults to `()`.
-
-    Returns:
-        list of str: what was frozen, each as `"path (reason)"`.
-
-    Raises:
-        ValueError: if a layer mixes examples, or the model has a trainable
-            BatchNorm.
-    """
-    # tfdp.dp imports tfdp.models' GroupNormalization, so it is imported here,
-    # where the engine is asked, not when tfdp.models loads.
-    from tfdp.dp import clipping
-    from tfdp.dp import layer_taps
-    from tfdp.dp import model_probe
-    from tfdp.dp import rules
-
-    frozen = []
-    by_name = {}
-    for path, layer in _layers_with_paths(model):
-        by_name.setdefault(layer.name, []).append((path, layer))
-    report = model_probe.probe(model)
-    if report is not None:
-        report.refuse_mixing()
-        report.refuse_state_writes()
-        for read in report.foreign_reads:
-            for path, layer in by_name.get(read.owner, ()):
-                if layer.trainable:
-                    layer.trainable = False
-                    frozen.append(f"{path} (variable {read.variable} read by '{read.reader}')")
-    for variable in clipping.uncovered_variables(model):
-        variable.trainable = False
-        frozen.append(f"{variable.path} (owned by no leaf layer)")
-    if freeze_rules:
-        for path, layer in _layers_with_paths(model):
-            if not layer_taps.own_trainable_variables(layer):
-                continue
-            rule = rules.rule_for(layer).name
-            if rule in freeze_rules:
-                layer.trainable = False
-                frozen.append(f"{path} (rule {rule!r})")
-    return frozen
-
-
 def _output_layer(model):
     for layer in model.layers:
         try:
@@ -351,7 +277,7 @@ def load_pretrained(
     3. The head gets `num_classes` logits, a fresh draw of its initialiser.
     4. Frozen: the first `frozen_sub_blocks` of the tfdp ResNets'
        sub-blocks, the layers named in `freeze_layers`, and what the engine
-       cannot clip (`freeze_unclippable`, with `freeze_rules`).
+       cannot clip (`tfdp.dp.freeze_unclippable`, with `freeze_rules`).
     5. With `weights`, every loaded layer is declared public
        (`tfdp.declare_public`): pretrained weights are public data, so
        their buffers (a frozen BatchNorm's moving statistics) are not
@@ -385,7 +311,7 @@ def load_pretrained(
             for models named like the tfdp ResNets. Defaults to `0`.
         freeze_layers: tuple of str. Names of more layers to freeze.
             Defaults to `()`.
-        freeze_rules: tuple of str. See `freeze_unclippable`. Defaults to
+        freeze_rules: tuple of str. See `tfdp.dp.freeze_unclippable`. Defaults to
             `()`.
 
     Returns:
@@ -456,8 +382,6 @@ def load_pretrained(
     if weights is not None:
         # Pretrained weights are public data: their buffers (a frozen
         # BatchNorm's moving statistics) are not state that ε fails to cover.
-        from tfdp.dp import adapted_state
-
         adapted_state.declare_public(model)
     frozen = [f"{name} (BatchNorm in inference mode)" for name in frozen_bn]
     if new_head:
@@ -470,7 +394,7 @@ def load_pretrained(
     for name in freeze_layers:
         model.get_layer(name).trainable = False
         frozen.append(f"{name} (freeze_layers)")
-    frozen += freeze_unclippable(model, freeze_rules)
+    frozen += freezing.freeze_unclippable(model, freeze_rules)
     return model, frozen
 
 
