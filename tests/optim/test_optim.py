@@ -1,6 +1,7 @@
 import keras
 import tensorflow as tf
 
+from tfdp import dp
 from tfdp import models
 from tfdp import optim
 
@@ -96,3 +97,20 @@ class WeightDecayVariablesTest(tf.test.TestCase):
         inputs = keras.Input((28, 28, 1))
         outer = keras.Model(inputs, models.small_convnet()(inputs))
         self.assertLen(optim.weight_decay_variables(outer), 4)
+
+    def test_the_engine_decays_the_same_variables(self):
+        # One list: the clipping rules decide, for in-loss and decoupled decay alike.
+        model = models.vit(num_classes=3, input_shape=(16, 16, 3), patch_size=8, width=16,
+                           depth=1, num_heads=2, mlp_dim=16)
+        ours = [v.path for v in optim.weight_decay_variables(model)]
+        self.assertEqual(ours, [v.path for v in dp.default_weight_decay_variables(model)])
+        self.assertIn("block1_attention/query/kernel", ours)  # Sublayers of attention too.
+        self.assertTrue(all(path.endswith("/kernel") for path in ours))
+
+    def test_transposed_and_separable_kernels(self):
+        inputs = keras.Input((8, 8, 3))
+        h = keras.layers.Conv2DTranspose(4, 3, name="up")(inputs)
+        h = keras.layers.SeparableConv2D(4, 3, name="sep")(h)
+        model = keras.Model(inputs, h)
+        self.assertEqual([v.path for v in optim.weight_decay_variables(model)],
+                         ["up/kernel", "sep/depthwise_kernel", "sep/pointwise_kernel"])

@@ -110,6 +110,12 @@ def own_trainable_variables(layer):
     return [v for v in getattr(layer, "_trainable_variables", []) if v.trainable]
 
 
+def own_variables(layer):
+    """All variables the layer owns directly, trainable or not, not those of sublayers."""
+    return (list(getattr(layer, "_trainable_variables", []))
+            + list(getattr(layer, "_non_trainable_variables", [])))
+
+
 _layer_checks = []
 
 

@@ -1,31 +1,13 @@
-"""Selecting the variables that weight decay applies to."""
+"""Selecting the variables that weight decay applies to.
+
+The list is the clipping rules' (`tfdp.dp.rules.weight_decay_variables`):
+each rule says which of its layer's variables are decayed, so the engine's
+in-loss decay and an optimizer's decoupled decay pick the same variables.
+"""
 
 import gin
-import keras
 
-_DECAYED_LAYERS = (
-    keras.layers.Conv1D,
-    keras.layers.Conv2D,
-    keras.layers.Conv3D,
-    keras.layers.Conv1DTranspose,
-    keras.layers.Conv2DTranspose,
-    keras.layers.Conv3DTranspose,
-    keras.layers.DepthwiseConv1D,
-    keras.layers.DepthwiseConv2D,
-    keras.layers.SeparableConv1D,
-    keras.layers.SeparableConv2D,
-    keras.layers.Dense,
-    keras.layers.EinsumDense,
-)
-_KERNEL_NAMES = ("kernel", "depthwise_kernel", "pointwise_kernel")
-
-
-def _leaf_layers(layer):
-    for sub in getattr(layer, "layers", ()):
-        if isinstance(sub, keras.Model):
-            yield from _leaf_layers(sub)
-        else:
-            yield sub
+from tfdp.dp import rules
 
 
 @gin.configurable(module="tfdp.optim")
@@ -34,7 +16,9 @@ def weight_decay_variables(model, trainable_only=True):
 
     The paper decays only convolution and dense kernels: biases and
     GroupNorm/LayerNorm `gamma`/`beta` are left alone. Subclasses count (e.g.
-    `WSConv2D`, whose raw kernel is what gets decayed).
+    `WSConv2D`, whose raw kernel is what gets decayed). Each layer's clipping
+    rule decides (`tfdp.dp.rules.Rule.decays`), so a layer type added with
+    its own rule says here too which of its variables are decayed.
 
     Args:
         model: keras.Model. The model; nested models are searched.
@@ -46,14 +30,4 @@ def weight_decay_variables(model, trainable_only=True):
         list of `keras.Variable`, in layer order, without duplicates (shared
         layers are listed once).
     """
-    result = []
-    seen = set()
-    for layer in _leaf_layers(model):
-        if not isinstance(layer, _DECAYED_LAYERS):
-            continue
-        variables = layer.trainable_weights if trainable_only else layer.weights
-        for variable in variables:
-            if variable.name in _KERNEL_NAMES and id(variable) not in seen:
-                seen.add(id(variable))
-                result.append(variable)
-    return result
+    return rules.weight_decay_variables(model, trainable_only=trainable_only)

@@ -73,6 +73,22 @@ class InstantiatingRule(registry.Rule):
         return registry.Cost(0, 0, 0, layer_grads.INSTANTIATE, memory, memory, why=self.why)
 
 
+# The layers whose kernels take weight decay when they fall back to this rule.
+_KERNEL_LAYERS = (
+    keras.layers.Dense,
+    keras.layers.EinsumDense,
+    base_conv.BaseConv,
+    keras.layers.Conv1DTranspose,
+    keras.layers.Conv2DTranspose,
+    keras.layers.Conv3DTranspose,
+    keras.layers.DepthwiseConv1D,
+    keras.layers.DepthwiseConv2D,
+    keras.layers.SeparableConv1D,
+    keras.layers.SeparableConv2D,
+)
+_KERNEL_NAMES = ("kernel", "depthwise_kernel", "pointwise_kernel")
+
+
 @registry.register_rule(keras.layers.Layer)
 class GenericRule(InstantiatingRule):
     """Any layer without a dedicated rule (e.g. a custom layer or EinsumDense)."""
@@ -81,9 +97,10 @@ class GenericRule(InstantiatingRule):
 
     def decays(self, layer, variable):
         # Conv and dense kernels on this rule (a modified `call`, groups,
-        # mixed precision) are decayed as on their own rules.
-        kernels = (keras.layers.Dense, keras.layers.EinsumDense, base_conv.BaseConv)
-        return isinstance(layer, kernels) and variable is getattr(layer, "kernel", None)
+        # mixed precision, transposed and 1-D convolutions) are decayed as on
+        # their own rules.
+        return isinstance(layer, _KERNEL_LAYERS) and any(
+            variable is getattr(layer, name, None) for name in _KERNEL_NAMES)
 
     def per_example_grads(self, layer, records, output_grads, variables):
         return generic_per_example_grads(layer, records, output_grads, variables)

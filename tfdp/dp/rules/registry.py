@@ -67,18 +67,38 @@ def check_layer(layer):
 layer_taps.add_layer_check(check_layer)
 
 
-def weight_decay_variables(model):
-    """The trainable variables that in-loss weight decay applies to by default.
+def weight_decay_variables(model, trainable_only=True):
+    """The variables that weight decay applies to: tfdp's one list of them.
 
     Each layer's rule answers for its own variables (`Rule.decays`): conv,
-    dense and einsum kernels, the variables the paper decays.
+    dense and einsum kernels, the variables the paper decays; biases and
+    norm parameters are left alone. The engine's in-loss decay and
+    `tfdp.optim.weight_decay_variables` both ask here.
+
+    Args:
+        model: keras.Model. Nested models and layers are searched.
+        trainable_only: bool. Leave out the variables of frozen layers.
+            Defaults to `True`.
+
+    Returns:
+        list of variables, in layer order, each once (a shared layer is
+        listed once).
     """
-    return [
-        v
-        for layer in layer_taps.tapped_layers(model)
-        for v in layer_taps.own_trainable_variables(layer)
-        if rule_for(layer).decays(layer, v)
-    ]
+    found = []
+    seen = set()
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        if trainable_only:
+            variables = layer_taps.own_trainable_variables(layer)
+        else:
+            variables = layer_taps.own_variables(layer)
+        if not variables:
+            continue
+        rule = rule_for(layer)
+        for v in variables:
+            if id(v) not in seen and rule.decays(layer, v):
+                seen.add(id(v))
+                found.append(v)
+    return found
 
 
 def notes(model):
