@@ -141,13 +141,16 @@ class DPSGD:
         return self.secret_key.derive("sampling")
 
     def aggregator(self):
-        """The `NoisyAggregator` that releases each logical step."""
+        """The `NoisyAggregator` that releases each logical step.
+
+        Prefer `tfdp.dp.NoisyAggregator.for_mechanism(mechanism)`: the engine
+        builds on this contract, not the other way round.
+        """
+        # Imported here, not at the top: this module keeps TensorFlow out of
+        # the privacy CLI, and the engine imports this module.
         from tfdp.dp import noisy_aggregator
 
-        return noisy_aggregator.NoisyAggregator(
-            noise_stddev=self.noise_stddev, expected_batch_size=self.expected_batch_size,
-            noise_key=self.secret_key.derive("noise"),
-        )
+        return noisy_aggregator.NoisyAggregator.for_mechanism(self)
 
     # ------------------------------------------------------------------
     # Accounting.

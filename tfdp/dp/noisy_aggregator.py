@@ -43,6 +43,15 @@ class NoisyAggregator:
         # the optimizer may hold the key.
         self._noise_key = tf.constant(noise_key, tf.int64)
 
+    @classmethod
+    def for_mechanism(cls, mechanism):
+        """The aggregator of a `tfdp.DPSGD` contract: its σ·C, divisor and noise key."""
+        return cls(
+            noise_stddev=mechanism.noise_stddev,
+            expected_batch_size=mechanism.expected_batch_size,
+            noise_key=mechanism.secret_key.derive("noise"),
+        )
+
     def accumulate(self, accumulators, clipped_sum, first):
         """Adds one physical batch's clipped sum.
 

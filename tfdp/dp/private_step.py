@@ -38,6 +38,7 @@ import tensorflow as tf
 from tfdp import mechanism as mechanism_lib
 from tfdp.dp import augmentation_multiplicity as augmentation_multiplicity_lib
 from tfdp.dp import clipping
+from tfdp.dp import noisy_aggregator
 
 
 def _float32_loss(loss_fn):
@@ -171,7 +172,7 @@ class PrivateTrainStep:
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = _float32_loss(per_example_loss_fn)
-        self.aggregator = mechanism.aggregator()
+        self.aggregator = noisy_aggregator.NoisyAggregator.for_mechanism(mechanism)
         self.method = clipping.resolve_method(model, method)
         self.weight_decay = float(weight_decay)
         self.seed = int(seed)
