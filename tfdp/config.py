@@ -37,6 +37,8 @@ def register_configurables():
     global _registered
     if _registered:
         return
+    # Imported here, not at the top: the gin files are parsed and checked
+    # before TensorFlow's import (`precheck`), and these modules import it.
     import keras
 
     import tfdp.data  # noqa: F401

@@ -21,6 +21,11 @@ from absl import flags  # noqa: E402
 from absl import logging as absl_logging  # noqa: E402
 import gin  # noqa: E402
 
+from tfdp import config  # noqa: E402
+from tfdp import report  # noqa: E402
+from tfdp import tensorflow_startup  # noqa: E402
+from tfdp import validation  # noqa: E402
+
 DEFAULT_GIN_FILE = "mnist_default.gin"
 
 _GIN_FILE = flags.DEFINE_multi_string("gin_file", None, "Gin config file(s); later override earlier.")
@@ -226,10 +231,13 @@ def train(
     Returns:
         A dict with the final metrics, ε, δ and steps.
     """
+    # Imported here, not at the top: keeps TensorFlow out of --help and of the
+    # flag and gin checks that run before it (`main`).
     import keras
 
     from tfdp import distribute
     from tfdp.training import dry_run as dry_run_lib
+    from tfdp.training import guards
     from tfdp.training import loop
     from tfdp.training import model_setup
     from tfdp.training import privacy_unit as privacy_unit_lib
@@ -314,8 +322,6 @@ def train(
                           clipping_plan=clipping_plan, out_dir=out_dir)
     adapted = None
     if mechanism is not None:
-        from tfdp.training import guards
-
         adapted = guards.check_adapted_state(model)
         guards.check_sensitivity(model, data.info, batching.replica_batch_size // group_size,
                                  **probe_settings)
@@ -353,13 +359,12 @@ def train(
         privacy_unit=privacy_unit_lib.privacy_unit_summary(state.ledger, step, group_size),
     )
     if write_html_report:
-        from tfdp import report
-
         reporting.log(f"report: {report.write_report(out_dir)}")
     return summary
 
 
 def _default_optimizer_fn():
+    # Imported here, not at the top: keeps TensorFlow out of --help.
     from tfdp import optim
 
     return optim.make_optimizer
@@ -397,10 +402,6 @@ def default_workdir(gin_files, gin_params):
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    from tfdp import config
-    from tfdp import tensorflow_startup
-    from tfdp import validation
-
     gin_files = _GIN_FILE.value or [DEFAULT_GIN_FILE]
     try:  # Before TensorFlow's import, which takes seconds.
         config.precheck(gin_files, _GIN_PARAM.value or [], validators={

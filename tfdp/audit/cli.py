@@ -6,6 +6,9 @@ import math
 import os
 import sys
 
+from tfdp import report
+from tfdp.audit import run as run_lib
+
 _DESCRIPTION = """\
 One-run empirical privacy audit (Steinke, Nasr & Jagielski 2023) of tfdp's
 DP-SGD. Trains the small convnet on MNIST digits plus m random-noise canaries
@@ -133,8 +136,7 @@ def main(argv=None):
     except _UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from tfdp.audit import run as run_lib
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # Read by TensorFlow's first import.
 
     target = args.target_epsilon
     if args.noise_multiplier is None and target is None:
@@ -158,8 +160,6 @@ def main(argv=None):
     else:
         print(_format(result))
     if args.workdir:
-        from tfdp import report
-
         os.makedirs(args.workdir, exist_ok=True)
         with open(os.path.join(args.workdir, report.AUDIT_NAME), "w") as f:
             json.dump(_jsonable(result), f, indent=2, allow_nan=False)

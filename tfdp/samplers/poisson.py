@@ -3,6 +3,7 @@
 import dp_accounting
 
 from tfdp.samplers import base
+from tfdp.samplers import keys
 
 
 @base.register
@@ -48,8 +49,6 @@ class PoissonSampler(base.Sampler):
     def mask(self, sampling_key, step):
         """Boolean `[N]`: example i is in step `step` with probability q."""
         import tensorflow as tf
-
-        from tfdp.samplers import keys
 
         u = tf.random.stateless_uniform(
             [self.dataset_size], seed=keys.fold(sampling_key, keys.SALT_POISSON, step),

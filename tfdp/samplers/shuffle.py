@@ -5,6 +5,7 @@ import math
 import dp_accounting
 
 from tfdp.samplers import base
+from tfdp.samplers import keys
 
 
 @base.register
@@ -81,8 +82,6 @@ class ShuffleSampler(base.Sampler):
         # Fixed-size steps are whole physical batches: no padding to refine.
         del granule
         import tensorflow as tf
-
-        from tfdp.samplers import keys
 
         step = tf.cast(step, tf.int64)
         epoch = step // self.steps_per_epoch

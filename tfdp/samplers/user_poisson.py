@@ -12,6 +12,7 @@ import hashlib
 import numpy as np
 
 from tfdp.samplers import base
+from tfdp.samplers import keys
 from tfdp.samplers import poisson
 
 # Keeps the per-example scores that choose a user's examples independent of
@@ -155,8 +156,6 @@ class UserPoissonSampler(poisson.PoissonSampler):
 
     def step_indices(self, sampling_key, step, host=0, granule=None):
         import tensorflow as tf
-
-        from tfdp.samplers import keys
 
         k = self.max_examples_per_user
         g = self.physical_batch_size if granule is None else int(granule)

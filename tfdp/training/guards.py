@@ -4,7 +4,15 @@ Also what a run releases outside ε before its first step: the model's
 adapted state (`check_adapted_state`), listed, not refused.
 """
 
+import time
+
 import tensorflow as tf
+
+from tfdp import dp
+from tfdp.dp import adapted_state
+from tfdp.dp import sensitivity
+from tfdp.training import evaluation
+from tfdp.training import reporting
 
 
 def kept_checkpoint(ckpt):
@@ -66,9 +74,6 @@ def check_adapted_state(model):
         list of dict: `summary.json`'s `not_covered_by_epsilon.adapted_state`
         (empty when there is none).
     """
-    from tfdp.dp import adapted_state
-    from tfdp.training import reporting
-
     found = adapted_state.find_adapted_state(model)
     if found:
         for line in adapted_state.describe_adapted_state(found).splitlines():
@@ -97,13 +102,6 @@ def check_sensitivity(model, info, examples, *, l2_norm_clip, method, weight_dec
         weight_decay: float. In-loss L2.
         augmentation_multiplicity: int. Rows per group.
     """
-    import time
-
-    from tfdp import dp
-    from tfdp.dp import sensitivity
-    from tfdp.training import evaluation
-    from tfdp.training import reporting
-
     start = time.time()
     k = int(augmentation_multiplicity)
     batch = sensitivity.synthetic_batch(

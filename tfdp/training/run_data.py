@@ -3,6 +3,7 @@
 import dataclasses
 
 from tfdp import data as data_lib
+from tfdp.data import sources
 from tfdp.training import reporting
 
 
@@ -62,8 +63,6 @@ def load_run_data(dataset, *, data_dir, seed, validation_fraction, test_dataset,
     `npz:` and `tfrecord:` data are refused (`tfdp.data.duplicates`).
     """
     if dry_run and dataset in data_lib.CATALOG:
-        from tfdp.data import sources
-
         if dataset not in sources.OFFLINE_DATASETS:
             prepared, message = sources.tfds_preparation_status(dataset, data_dir)
             reporting.log(f"dry run: data {'OK' if prepared else 'NOT READY'}: {message}")

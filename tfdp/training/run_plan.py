@@ -2,6 +2,7 @@
 
 import dataclasses
 
+from tfdp import dp
 from tfdp import mechanism as mechanism_lib
 from tfdp import privacy
 from tfdp import secret_key as secret_key_lib
@@ -169,8 +170,6 @@ def make_clipping_plan(model, batching, info, clipping_method, memory_budget_mb=
     Its `method` is the one training uses: `clipping_method`, with "auto"
     resolved (under `memory_budget_mb`, the fastest method that fits it).
     """
-    from tfdp import dp
-
     return dp.plan(model, info.image_shape, batching.replica_batch_size, clipping_method,
                    memory_budget_mb=memory_budget_mb)
 
