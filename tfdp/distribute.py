@@ -119,6 +119,58 @@ def checkpoint_dir(strategy, directory):
 
 
 # ---------------------------------------------------------------------------
+# State.
+# ---------------------------------------------------------------------------
+
+
+def replica_local_variable(initial_value, name, aggregation="sum"):
+    """A variable each replica updates on its own, without communication.
+
+    Under a multi-replica strategy (created inside `strategy.scope()`) every
+    replica holds its own copy (`ON_READ`); on one device it is a plain
+    variable.
+
+    Args:
+        initial_value: the initial value (tensor or Python value).
+        name: str. The variable's name.
+        aggregation: str. What a cross-replica read returns: `"sum"`, the
+            sum of the replicas' copies (partial sums, e.g. clipped gradient
+            sums); or `"first"`, the first replica's copy (state every
+            replica updates alike, e.g. a step counter). A cross-replica
+            assignment sets every copy. Defaults to `"sum"`.
+
+    Returns:
+        A `tf.Variable`, not trainable.
+    """
+    aggregations = {"sum": tf.VariableAggregation.SUM,
+                    "first": tf.VariableAggregation.ONLY_FIRST_REPLICA}
+    if aggregation not in aggregations:
+        raise ValueError(
+            f"aggregation must be one of {sorted(aggregations)}. Received: "
+            f"aggregation={aggregation!r}"
+        )
+    return tf.Variable(
+        initial_value,
+        trainable=False,
+        name=name,
+        synchronization=tf.VariableSynchronization.ON_READ,
+        aggregation=aggregations[aggregation],
+    )
+
+
+def is_replica_local(variable):
+    """Whether `variable` has one copy per replica of the strategy in scope.
+
+    False for a plain variable used under a multi-replica strategy (e.g.
+    created outside `strategy.scope()`), which the replicas would all
+    update.
+    """
+    if tf.distribute.get_strategy().num_replicas_in_sync == 1:
+        return True
+    return isinstance(variable, tf.distribute.DistributedValues)
+
+
+# ---------------------------------------------------------------------------
 # Input.
 # ---------------------------------------------------------------------------
 

@@ -13,13 +13,18 @@ weight-0 padding); for shuffle, the B examples at positions
 the arrays' own order with `ordered=True`. Either way a step lies inside one
 pass and holds no example twice. The last physical batch of each step carries
 `last=True`, on which the optimizer releases the step.
+
+Under a multi-worker strategy each worker builds its share of every step:
+the sampler's host split (`Sampler.with_hosts`: unit i of a step goes to
+host i mod W, every host padded to the same number of physical batches of
+P / W), so that all workers end each logical step together.
 """
 
 import tensorflow as tf
 
 
 def step_batches(x, y, sample_weight, sampler, sampling_key, *, ordered, first_step,
-                 steps_per_epoch):
+                 steps_per_epoch, input_context=None):
     """One epoch of `(x, y, weights, last)` physical batches.
 
     Args:
@@ -36,6 +41,9 @@ def step_batches(x, y, sample_weight, sampler, sampling_key, *, ordered, first_s
         steps_per_epoch: int or None. Logical steps per iteration of the
             dataset; None: without end (`fit` then counts the logical steps
             of each epoch).
+        input_context: `tf.distribute.InputContext` or None. This worker's
+            pipeline of several (its share of each physical batch, P / W
+            rows). Defaults to `None`: all of each batch.
 
     Returns:
         A `tf.data.Dataset` of `(x, y, weights, last)`: weights float32 `[P]`
@@ -47,14 +55,18 @@ def step_batches(x, y, sample_weight, sampler, sampling_key, *, ordered, first_s
     key = tf.constant(sampling_key, tf.int64)
     batch = sampler.logical_batch_size
     per_pass = int(sampler.steps_per_epoch)
+    host, hosts = 0, 1
+    if input_context is not None and input_context.num_input_pipelines > 1:
+        host, hosts = input_context.input_pipeline_id, input_context.num_input_pipelines
+        sampler = sampler.with_hosts(hosts, sampler.physical_batch_size // hosts)
 
     def step_elements(step):
         if ordered:
             offset = (step % per_pass) * batch
-            indices = offset + tf.range(batch, dtype=tf.int64)
-            weights = tf.ones([batch], tf.float32)
+            indices = offset + tf.range(host, batch, hosts, dtype=tf.int64)
+            weights = tf.ones(tf.shape(indices), tf.float32)
         else:
-            indices, weights = sampler.step_indices(key, step)
+            indices, weights = sampler.step_indices(key, step, host)
         length = tf.shape(indices)[0]
         lasts = tf.equal(tf.range(length), length - 1)
         return tf.data.Dataset.from_tensor_slices((indices, weights, lasts))

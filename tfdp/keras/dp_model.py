@@ -21,13 +21,17 @@ update); `tfdp.compat.tensorflow_privacy` also runs it for plain Keras models
 compiled with a TF-Privacy optimizer, with TF-Privacy's microbatches.
 """
 
+import threading
 import weakref
 
 import keras
 import numpy as np
 import tensorflow as tf
+from keras.src.backend.tensorflow.trainer import reduce_per_replica
+from keras.src.losses import loss as loss_module
 from keras.src.trainers.data_adapters import array_slicing
 
+from tfdp import distribute
 from tfdp.data import duplicates
 from tfdp.dp import adapted_state
 from tfdp.dp import clipping
@@ -123,7 +127,7 @@ def _regularized_layers(model):
 
 
 def private_update(model, optimizer, per_example_loss, x, y, sample_weight=None, *,
-                   batch_size=None, last=None, physical_batch_size=None):
+                   batch_size=None, last=None, physical_batch_size=None, release=True):
     """The DP-SGD half of a `fit` step: clip, accumulate, noise, update.
 
     Clips each privacy unit's gradient to the optimizer's `l2_norm_clip`:
@@ -158,15 +162,23 @@ def private_update(model, optimizer, per_example_loss, x, y, sample_weight=None,
         physical_batch_size: int or None. The rows of the training probe
             (`probe_before_training`). Defaults to the traced batch size,
             else `batch_size`, else the array sampler's physical batch.
+        release: bool. End the logical step on its last batch here; False
+            under several replicas, where the train function ends it
+            (`DPOptimizer.release_step`). Defaults to `True`.
 
     Returns:
         The predictions of the clipping forward pass (for metrics).
     """
-    if tf.distribute.get_strategy().num_replicas_in_sync > 1:
-        raise NotImplementedError(
-            "Private Keras models train on a single replica (the wrapped "
-            "optimizer would average, not sum, the replicas' clipped sums). "
-            "For several devices use tfdp's trainer (tfdp.train)."
+    num_microbatches = getattr(optimizer, "num_microbatches", None)
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    if num_microbatches is not None and replicas > 1:
+        # Each replica would split its share of the batch into microbatches
+        # of other rows than TF-Privacy's split of the whole batch.
+        raise ValueError(
+            "TF-Privacy microbatches train on one replica. Under a tf.distribute "
+            "strategy use tfdp.DPOptimizer (per-example clipping, "
+            "`gradient_accumulation_steps` for virtual steps). Received: "
+            f"num_microbatches={num_microbatches} with {replicas} replicas"
         )
     regularized = _regularized_layers(model)
     if regularized:
@@ -192,7 +204,6 @@ def private_update(model, optimizer, per_example_loss, x, y, sample_weight=None,
     # A stream's rows are compared with the pass's earlier rows before
     # anything of this batch is released (`PrivacyAccount.count_copies`).
     optimizer.account.count_copies(x, weights)
-    num_microbatches = getattr(optimizer, "num_microbatches", None)
     x, group = _microbatch_rows(x, num_microbatches, batch_size)
     if num_microbatches is None:
         group = optimizer.group_size
@@ -223,13 +234,18 @@ def private_update(model, optimizer, per_example_loss, x, y, sample_weight=None,
         y_pred = captured[0]  # The batched forward pass of the clipping.
     else:  # Per-example forward passes: recompute the batch's predictions.
         y_pred = model(x, training=True)
-    examples = rows if weights is None else tf.math.count_nonzero(weights, dtype=tf.int32)
-    optimizer.dp_accumulate(clipped_sum, variables, last=last, examples=examples)
+    examples = None
+    if optimizer.counts_passes:  # A stream's rows are counted against N.
+        examples = rows if weights is None else tf.math.count_nonzero(weights, dtype=tf.int32)
+    optimizer.dp_accumulate(clipped_sum, variables, last=last, examples=examples,
+                            release=release)
     return y_pred
 
 
-# The probes each DPOptimizer ran (`probe_before_training`).
+# The probes each DPOptimizer ran (`probe_before_training`); under a
+# strategy every replica traces the train step, and one probe serves them.
 _PROBED = weakref.WeakKeyDictionary()
+_PROBE_LOCK = threading.Lock()
 
 
 def _planned_batch_size(optimizer):
@@ -271,10 +287,6 @@ def probe_before_training(model, optimizer, per_example_loss, x, y, group=1, *, 
     y_shape = tuple(8 if d is None else int(d) for d in y.shape[1:])
     key = (id(model), id(per_example_loss), rows, method, group, x_shape, x.dtype.name,
            y_shape, y.dtype.name, optimizer.l2_norm_clip, optimizer.weight_decay)
-    probed = _PROBED.setdefault(optimizer, set())
-    if key in probed:
-        return
-
     def run():
         # Before the first update: state set before training (an adapted
         # Normalization's mean) is released as it is, not covered by ε.
@@ -284,8 +296,12 @@ def probe_before_training(model, optimizer, per_example_loss, x, y, group=1, *, 
             model, per_example_loss, batch, optimizer.l2_norm_clip, method,
             weight_decay=optimizer.weight_decay, augmentation_multiplicity=group)
 
-    model_probe.run_eagerly(run)
-    probed.add(key)
+    with _PROBE_LOCK:
+        probed = _PROBED.setdefault(optimizer, set())
+        if key in probed:
+            return
+        model_probe.run_eagerly(run)
+        probed.add(key)
 
 
 def _microbatch_rows(x, num_microbatches, batch_size):
@@ -470,6 +486,14 @@ class DPModel(keras.Model):
         In every case a logical step never spans two epochs: an unfinished
         step is discarded, unreleased, at each epoch start.
 
+        Under `MirroredStrategy`, `MultiWorkerMirroredStrategy` or
+        `TPUStrategy` (model and optimizer created in its scope), arrays are
+        split over the replicas: each physical batch of `batch_size` rows
+        (a multiple of the replicas) into consecutive per-replica shares;
+        each replica clips its own rows, and the noise is added once per
+        logical step, so the update (and ε) is the one-device one. Streams
+        and other strategies are refused there with a `ValueError`.
+
         Exact duplicates (rows with the same input bytes, whatever their
         label or target; `tfdp.data.duplicates`) would make one example
         count twice. Arrays with copies are refused before any step (under
@@ -485,8 +509,11 @@ class DPModel(keras.Model):
         `class_weight` is not supported with arrays (use `sample_weight`).
         """
         optimizer = self.dp_optimizer
+        strategy = self.distribute_strategy
+        replicas = _check_strategy(strategy, optimizer)
         if self.model.built and not optimizer.built:
-            optimizer.build(self.model.trainable_variables)
+            with strategy.scope():  # Replica-local accumulators under a strategy.
+                optimizer.build(self.model.trainable_variables)
         callbacks = list(callbacks or [])
         common = dict(epochs=epochs, validation_data=validation_data, **kwargs)
         by_user = optimizer.privacy_unit != "example"
@@ -529,6 +556,9 @@ class DPModel(keras.Model):
                                       physical_batch_size=physical, shuffle=bool(shuffle),
                                       user_ids=ids)
             logical_steps = steps_per_epoch or plan.steps_per_epoch
+            if _synchronises(strategy):
+                return self._fit_replicas(x, y, sample_weight, plan, physical, logical_steps,
+                                          callbacks, common)
             dataset = array_batches.step_batches(
                 x, y, sample_weight, plan.sampler, optimizer.sampling_key,
                 ordered=plan.ordered, first_step=optimizer.epoch_first_step,
@@ -546,7 +576,14 @@ class DPModel(keras.Model):
                 logical_steps if plan.variable_steps else None)] + callbacks
             common.setdefault("validation_batch_size", physical)
             self._dp_prepare(plan, physical, logical_steps)
-            return super().fit(dataset, shuffle=False, **common)
+            return self._fit_batches(dataset, x, y, physical, common)
+        if _synchronises(strategy):
+            raise ValueError(
+                "Under a tf.distribute strategy a private model's fit takes arrays "
+                "(numpy arrays or tensors), which tfdp batches and splits over the "
+                "replicas itself; give `fit(x, y, batch_size=...)` arrays instead of "
+                f"a stream. Received: x of type {type(x).__name__} with {replicas} replicas"
+            )
         if self.jit_compile:
             # Each batch's rows are hashed on the host before its release
             # (`PrivacyAccount.count_copies`), which XLA cannot compile.
@@ -567,6 +604,72 @@ class DPModel(keras.Model):
                            shuffle=shuffle, class_weight=class_weight,
                            sample_weight=sample_weight, steps_per_epoch=steps_per_epoch,
                            **common)
+
+    def _fit_replicas(self, x, y, sample_weight, plan, physical, logical_steps, callbacks,
+                      common):
+        """`fit` on arrays over the strategy's R replicas (see `fit`).
+
+        Every physical batch of P rows is split into R consecutive
+        per-replica batches of P / R (`tfdp.distribute.distribute_train_pipeline`,
+        as the trainer's), each worker building its share; all carry the
+        step's `last` flag, so every replica releases together. Each replica
+        clips and sums its own rows; the noise is added once
+        (`DPOptimizer.noisy_mean`), so the update is the one-device update.
+        """
+        optimizer = self.dp_optimizer
+        strategy = self.distribute_strategy
+        replicas = strategy.num_replicas_in_sync
+        group = plan.group_size
+        if physical % (replicas * group):
+            unit = f" times max_examples_per_user={group}" if group > 1 else ""
+            raise ValueError(
+                "Under a tf.distribute strategy the fit batch size is split evenly over "
+                f"the replicas: it must be a multiple of the number of replicas{unit}. "
+                f"Received: batch_size={physical} with {replicas} replicas"
+            )
+
+        def make_pipeline(physical_batch_size, input_context):
+            del physical_batch_size  # P / W: the sampler's host split (`step_batches`).
+            # Without end: Keras keeps one iterator and counts the epochs' steps.
+            return array_batches.step_batches(
+                x, y, sample_weight, plan.sampler, optimizer.sampling_key,
+                ordered=plan.ordered, first_step=optimizer.epoch_first_step,
+                steps_per_epoch=None, input_context=input_context)
+
+        if replicas == 1:  # E.g. one worker of MultiWorkerMirroredStrategy: no split.
+            dataset = strategy.distribute_datasets_from_function(
+                lambda context: make_pipeline(physical, None))
+        else:
+            dataset = distribute.distribute_train_pipeline(strategy, make_pipeline, physical)
+        if plan.variable_steps:
+            common["steps_per_epoch"] = logical_steps
+        else:
+            common["steps_per_epoch"] = logical_steps * (
+                plan.sampler.logical_batch_size // physical)
+        common["callbacks"] = [_EpochBoundary(
+            logical_steps if plan.variable_steps else None)] + callbacks
+        common.setdefault("validation_batch_size", physical)
+        self._dp_prepare(plan, physical // replicas, logical_steps)
+        return self._fit_batches(dataset, x, y, physical // replicas, common)
+
+    def _fit_batches(self, dataset, x, y, rows, common):
+        """Keras' `fit` on tfdp's `(x, y, weights, last)` batches of the arrays.
+
+        Under a strategy scope Keras builds the metrics from a batch it reads
+        from the input, whose `last` flag is no model input; a replica's
+        share of the arrays' first rows serves instead.
+        """
+        self._dp_build_batch = (tf.convert_to_tensor(x[:rows]), tf.convert_to_tensor(y[:rows]))
+        try:
+            return super().fit(dataset, shuffle=False, **common)
+        finally:
+            self._dp_build_batch = None
+
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        batch = getattr(self, "_dp_build_batch", None)
+        if iterator is not None and batch is not None:
+            iterator, data_batch = None, batch
+        return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
 
     def _dp_prepare(self, plan, physical_batch_size, logical_steps):
         """Retraces the train step when the route or the mechanism changed."""
@@ -592,9 +695,14 @@ class DPModel(keras.Model):
         """
         if self.train_function is not None and not force:
             return self.train_function
-        if getattr(self, "_dp_logical_steps", None) is None:
+        variable_steps = getattr(self, "_dp_logical_steps", None) is not None
+        if _synchronises(self.distribute_strategy):
+            # The release synchronises the replicas: outside the train step.
+            self.train_function = _LogicalStepFunction(self, whole_steps=variable_steps)
+        elif variable_steps:
+            self.train_function = _LogicalStepFunction(self)
+        else:
             return super().make_train_function(force=force)
-        self.train_function = _LogicalStepFunction(self)
         return self.train_function
 
     # ------------------------------------------------------------------
@@ -610,11 +718,14 @@ class DPModel(keras.Model):
         y_pred = private_update(
             self.model, self.dp_optimizer, self._dp_loss_fn, x, y, sample_weight,
             batch_size=getattr(self, "_dp_fit_batch_size", None), last=last,
+            release=not _synchronises(self.distribute_strategy),
         )
         loss = self._compute_loss(
             x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
         )
-        self._loss_tracker.update_state(loss, sample_weight=tf.shape(x)[0])
+        # Keras scales the loss by 1 / R under a strategy; the log shows it whole.
+        self._loss_tracker.update_state(loss_module.unscale_loss_for_distribution(loss),
+                                        sample_weight=tf.shape(x)[0])
         return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     # ------------------------------------------------------------------
@@ -749,19 +860,33 @@ class _LogicalStepFunction:
     (its `last` flag), `steps_per_execution` logical steps per call but
     never past the epoch's end, and returns the last batch's logs.
 
+    Under several replicas it also serves fixed-size steps (one call, one
+    physical batch) and ends each logical step itself, after its last batch
+    (`DPOptimizer.release_step`): the update all-reduces the replicas'
+    sums, which cannot happen inside the train step's control flow.
+
     Args:
         model: `DPModel`. Its `train_step` runs each physical batch.
+        whole_steps: bool. One Keras step is one logical step (else one
+            physical batch). Defaults to `True`.
     """
 
-    def __init__(self, model):
+    def __init__(self, model, whole_steps=True):
         self._model = model
+        self._whole_steps = whole_steps
         self._left = None
+        strategy = model.distribute_strategy
+        self._release = None
+        if _synchronises(strategy):
+            self._release = lambda: model.dp_optimizer.release_step(
+                strategy, model.model.trainable_variables)
 
         # As Keras' own train function: the train step is traced as written,
         # not rewritten by AutoGraph.
         @tf.autograph.experimental.do_not_convert
         def one_batch(data):
-            return model.distribute_strategy.run(model.train_step, args=(data,))
+            outputs = model.distribute_strategy.run(model.train_step, args=(data,))
+            return reduce_per_replica(outputs, model.distribute_strategy, reduction="auto")
 
         if not model.run_eagerly:
             one_batch = tf.function(one_batch, reduce_retracing=True,
@@ -790,7 +915,11 @@ class _LogicalStepFunction:
         for _ in range(steps):
             while True:
                 logs, last = self._next_batch(iterator)
-                if bool(last):
+                # Under a strategy every replica holds the same flag.
+                last = distribute.is_last(self._model.distribute_strategy, last)
+                if last and self._release is not None:
+                    self._release()
+                if last or not self._whole_steps:
                     break
         return logs
 
@@ -819,6 +948,52 @@ class _EpochBoundary(keras.callbacks.Callback):
         function = self.model.train_function
         if self.logical_steps is not None and isinstance(function, _LogicalStepFunction):
             function.start_epoch(self.logical_steps)
+
+
+# Strategies whose replicas Keras' optimizer all-reduces with a SUM in
+# replica context, as `DPOptimizer.noisy_mean` needs.
+_STRATEGIES = ("MirroredStrategy", "MultiWorkerMirroredStrategy", "CollectiveAllReduceStrategy",
+               "TPUStrategy", "OneDeviceStrategy", "_DefaultDistributionStrategy")
+
+
+def _synchronises(strategy):
+    """Whether Keras' optimizer synchronises the replicas of `strategy` (all-reduce).
+
+    Then the update cannot run inside the train step's control flow (also
+    with one replica), so the train function ends each logical step.
+    """
+    name = type(strategy).__name__
+    return name not in ("OneDeviceStrategy", "_DefaultDistributionStrategy")
+
+
+def _check_strategy(strategy, optimizer):
+    """The number of replicas of a strategy `fit` supports; else a `ValueError`.
+
+    Supported: the default (no strategy), `OneDeviceStrategy`,
+    `MirroredStrategy`, `MultiWorkerMirroredStrategy` and `TPUStrategy`,
+    with the optimizer (and model) created inside `strategy.scope()`, so
+    that each replica keeps its own clipped sums.
+    """
+    name = type(strategy).__name__
+    if not any(name == n or name.startswith(n) for n in _STRATEGIES):
+        raise ValueError(
+            "A private model's fit supports no strategy, OneDeviceStrategy, "
+            "MirroredStrategy, MultiWorkerMirroredStrategy and TPUStrategy (each replica "
+            "clips its own rows, the sums are all-reduced and the noise added once). "
+            f"Received: strategy={name}"
+        )
+    replicas = int(strategy.num_replicas_in_sync)
+    if replicas > 1:
+        with strategy.scope():
+            local = optimizer.has_replica_local_state()
+        if not local:
+            raise ValueError(
+                "Under a tf.distribute strategy create the DPOptimizer inside "
+                "`strategy.scope()` (with the model, before `compile`), so that each "
+                f"replica keeps its own clipped sums. Received: strategy={name} with "
+                f"{replicas} replicas and a DPOptimizer created outside its scope"
+            )
+    return replicas
 
 
 def make_private(model):

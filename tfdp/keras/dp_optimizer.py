@@ -36,6 +36,7 @@ import keras
 import tensorflow as tf
 from keras.src.utils import tracking
 
+from tfdp import distribute
 from tfdp import privacy
 from tfdp.dp import clipping
 from tfdp.keras import mechanism_builder as mechanism_builder_lib
@@ -252,11 +253,12 @@ class DPOptimizer(keras.optimizers.Optimizer):
         self.account = privacy_account_lib.PrivacyAccount()
         # The logical step in progress, deliberately not optimizer variables
         # (never saved): its physical batches so far, and the first step of
-        # this epoch (read by the array pipelines).
-        self._micro_step = tf.Variable(0, trainable=False, dtype=tf.int64,
-                                       name="dp_micro_step")
-        self._epoch_first_step = tf.Variable(0, trainable=False, dtype=tf.int64,
-                                             name="dp_epoch_first_step")
+        # this epoch (read by the array pipelines). Under a strategy every
+        # replica counts its own batches alike, with no communication.
+        self._micro_step = distribute.replica_local_variable(
+            tf.constant(0, tf.int64), "dp_micro_step", aggregation="first")
+        self._epoch_first_step = distribute.replica_local_variable(
+            tf.constant(0, tf.int64), "dp_epoch_first_step", aggregation="first")
 
     # ------------------------------------------------------------------
     # The privacy contract (read from the mechanism).
@@ -341,6 +343,14 @@ class DPOptimizer(keras.optimizers.Optimizer):
         plan = self.fit_plan
         return 1 if plan is None else plan.group_size
 
+    def has_replica_local_state(self):
+        """Whether the step's state has one copy per replica of the strategy in scope.
+
+        True on one replica; under a multi-replica strategy only for an
+        optimizer created inside its scope.
+        """
+        return distribute.is_replica_local(self._micro_step)
+
     @property
     def epoch_first_step(self):
         """The int64 variable holding this epoch's first logical step."""
@@ -359,8 +369,10 @@ class DPOptimizer(keras.optimizers.Optimizer):
         self.account.build(self.passes)
         # Un-noised clipped sums: plain variables, not in `self.variables`,
         # so never written to a `.keras` file, weights or a Keras checkpoint.
+        # Under a strategy each replica sums its own rows (as the trainer's
+        # `PrivateTrainStep`); the optimizer's all-reduce adds them up.
         self._accumulators = [
-            tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name="dp_accumulator")
+            distribute.replica_local_variable(tf.zeros(v.shape, v.dtype), "dp_accumulator")
             for v in var_list
         ]
         self.inner_optimizer.build(var_list)
@@ -468,7 +480,7 @@ class DPOptimizer(keras.optimizers.Optimizer):
     # The DP step (called by `private_update` only, in the traced train step).
     # ------------------------------------------------------------------
 
-    def dp_accumulate(self, clipped_sum, variables, last=None, examples=None):
+    def dp_accumulate(self, clipped_sum, variables, last=None, examples=None, release=True):
         """Adds one batch's clipped sum; at the end of a logical step, releases.
 
         Args:
@@ -480,6 +492,10 @@ class DPOptimizer(keras.optimizers.Optimizer):
                 whose steps are k consecutive batches of one epoch.
             examples: int scalar tensor or None. The batch's examples
                 (weight > 0), counted against N for a stream (`check_pass`).
+            release: bool. End the logical step here, on its `last` batch.
+                False under several replicas: the caller ends it with
+                `release_step`, since the optimizer's all-reduce cannot run
+                inside the train step's control flow. Defaults to `True`.
         """
         if not self.built:
             raise RuntimeError(
@@ -494,6 +510,8 @@ class DPOptimizer(keras.optimizers.Optimizer):
         if examples is not None:
             self.account.count_examples(examples)
         self.accumulate_clipped_sum(clipped_sum)
+        if not release:
+            return
         if last is None:
             end = self._micro_step >= self.accumulation_steps
         else:
@@ -506,6 +524,34 @@ class DPOptimizer(keras.optimizers.Optimizer):
 
         tf.cond(end, end_logical_step, lambda: tf.constant(False))
 
+    def release_step(self, strategy, variables):
+        """Ends a logical step on every replica of `strategy` (eager, cross-replica).
+
+        The step's last batch was accumulated with `release=False`. As
+        `dp_accumulate` would: the wrapped optimizer's update with the noisy
+        mean, unless the account refuses the step (then nothing of it is
+        released); either way the next batch starts a new step. Each
+        replica hands the optimizer its own sum plus its share of the one
+        noise draw, and the optimizer all-reduces them with a SUM: the
+        one-device update.
+
+        Args:
+            strategy: the `tf.distribute` strategy of the train step.
+            variables: the trainable variables to update.
+        """
+        if bool(self.account.release_allowed(tf.cast(self.iterations, tf.int64))):
+            release = getattr(self, "_replica_release_fn", None)
+            if release is None:
+                def replica_release():
+                    step = tf.cast(self.iterations, tf.int64)
+                    self.inner_optimizer.apply(self.noisy_mean(step), variables)
+                    self.account.record_release()
+
+                release = tf.function(lambda: strategy.run(replica_release), autograph=False)
+                self._replica_release_fn = release
+            release()
+        self._micro_step.assign(0)
+
     def accumulate_clipped_sum(self, clipped_sum):
         """Stage 1: adds a physical batch's clipped sum to the logical step's."""
         self.mechanism_builder.aggregator.accumulate(
@@ -513,8 +559,16 @@ class DPOptimizer(keras.optimizers.Optimizer):
         self._micro_step.assign_add(1)
 
     def noisy_mean(self, step):
-        """Stage 2: the logical step's sum plus N(0, (σC)²) once, divided by B."""
-        return self.mechanism_builder.aggregator.noisy_mean(self._accumulators, step)
+        """Stage 2: the logical step's sum plus N(0, (σC)²) once, divided by B.
+
+        On R replicas each replica returns `(local_sum + noise / R) / B` of
+        one common draw; the wrapped optimizer's cross-replica SUM then
+        applies the one-device update, with the noise counted once.
+        """
+        context = tf.distribute.get_replica_context()
+        replicas = 1 if context is None else context.num_replicas_in_sync
+        return self.mechanism_builder.aggregator.noisy_mean(
+            self._accumulators, step, num_replicas=replicas)
 
     def _release_or_drop(self, variables):
         """Stage 3: the wrapped optimizer's update, unless the account refuses it.

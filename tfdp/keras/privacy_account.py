@@ -11,7 +11,13 @@ bound needs each example at most once a pass.
 import numpy as np
 import tensorflow as tf
 
+from tfdp import distribute
 from tfdp.data import duplicates
+
+
+def _state(initial_value, name):
+    """Bookkeeping every replica updates alike, on its own (no communication)."""
+    return distribute.replica_local_variable(initial_value, name, aggregation="first")
 
 
 class PrivacyAccount:
@@ -19,8 +25,9 @@ class PrivacyAccount:
 
     Its variables are plain `tf.Variable`s held by this object, deliberately
     not optimizer variables, so nothing that saves the model or the
-    optimizer holds them: whether this epoch released a step, the budget set
-    by `PrivacyBudget`, and, for a stream, the examples of this epoch's
+    optimizer holds them (under a strategy, one copy per replica, which
+    every replica updates alike): whether this epoch released a step, the
+    budget set by `PrivacyBudget`, and, for a stream, the examples of this epoch's
     pass, the most one pass may hold (N), whether this epoch went over it,
     and how many of its rows copy an earlier row of the pass. The count of
     passes that released a step is the optimizer's saved variable `passes`,
@@ -30,20 +37,18 @@ class PrivacyAccount:
     def __init__(self):
         self.passes = None
         self.counts_passes = False
-        self._epoch_released = tf.Variable(False, trainable=False, name="dp_epoch_released")
-        self._max_steps = tf.Variable(-1, trainable=False, dtype=tf.int64, name="dp_max_steps")
-        self._pass_steps = tf.Variable(0, trainable=False, dtype=tf.int64, name="dp_pass_steps")
+        self._epoch_released = _state(False, "dp_epoch_released")
+        self._max_steps = _state(tf.constant(-1, tf.int64), "dp_max_steps")
+        self._pass_steps = _state(tf.constant(0, tf.int64), "dp_pass_steps")
         # A stream's examples in this epoch, the most one pass may hold (N;
         # -1: not checked, e.g. tfdp's own array batches) and whether this
         # epoch went over it (then nothing more is released).
-        self._pass_examples = tf.Variable(0, trainable=False, dtype=tf.int64,
-                                          name="dp_pass_examples")
-        self._pass_limit = tf.Variable(-1, trainable=False, dtype=tf.int64, name="dp_pass_limit")
-        self._pass_overflow = tf.Variable(False, trainable=False, name="dp_pass_overflow")
+        self._pass_examples = _state(tf.constant(0, tf.int64), "dp_pass_examples")
+        self._pass_limit = _state(tf.constant(-1, tf.int64), "dp_pass_limit")
+        self._pass_overflow = _state(False, "dp_pass_overflow")
         # A stream's rows of this epoch that repeat an earlier row's input
         # bytes (`tfdp.data.duplicates`), and the digests seen (host memory).
-        self._pass_copies = tf.Variable(0, trainable=False, dtype=tf.int64,
-                                        name="dp_pass_copies")
+        self._pass_copies = _state(tf.constant(0, tf.int64), "dp_pass_copies")
         self._copies = duplicates.CopyCounter()
         self._checks_copies = False
 
