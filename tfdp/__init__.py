@@ -24,6 +24,7 @@ _LAZY = {
 # Names re-exported from a submodule, imported on first access.
 _LAZY_ATTRS = {
     "DPSGD": "tfdp.mechanism",
+    "DPSGDConfig": "tfdp.dpsgd_config",
     "DPOptimizer": "tfdp.keras",
     "DPModel": "tfdp.keras",
     "make_private": "tfdp.keras",

@@ -1,8 +1,9 @@
 """`DPSGD`: the whole privacy contract of a DP-SGD run, in one object.
 
-C, σ (or a target ε that calibrates it), the sampler, the accountant, δ and
-the secret key are validated here once, and everything the guarantee rests on
-is derived from them here:
+A `tfdp.DPSGDConfig` (C, σ or a target ε, δ, the accountant: validated
+there, once) bound to what a route knows (the sampler, the planned steps, the
+secret key or the divisor) by `DPSGD.from_config`, the one way tfdp's routes
+make one. Everything the guarantee rests on is derived here:
 - σ, calibrated for the target ε over the planned steps;
 - the noise std σ·C and the divisor (the sampler's expected batch size);
 - the DP event and the privacy ledger;
@@ -18,6 +19,7 @@ Imports no TensorFlow until the aggregator is asked for.
 import copy
 import math
 
+from tfdp import dpsgd_config
 from tfdp import samplers
 from tfdp import secret_key as secret_key_lib
 from tfdp import validation
@@ -26,18 +28,20 @@ from tfdp.privacy import calibration
 from tfdp.privacy import ledger as ledger_lib
 
 
-def _check_batch_size(expected_batch_size):
-    if not (validation.is_real(expected_batch_size) and math.isfinite(expected_batch_size)
-            and expected_batch_size > 0):
+def _check_sampler(sampler):
+    if sampler is not None and not isinstance(sampler, samplers.Sampler):
         raise ValueError(
-            "expected_batch_size must be a finite number > 0. "
-            f"Received: expected_batch_size={expected_batch_size!r}"
+            "sampler must be a tfdp.samplers.Sampler (e.g. "
+            "`tfdp.samplers.make_sampler('poisson', dataset_size=..., "
+            f"logical_batch_size=...)`). Received: {sampler!r}"
         )
-    return float(expected_batch_size)
 
 
 class DPSGD:
     """The privacy contract of a DP-SGD run.
+
+    tfdp's routes make it with `DPSGD.from_config(tfdp.DPSGDConfig(...), ...)`;
+    this constructor takes the same values in one call, for users.
 
     Args:
         l2_norm_clip: float. C > 0, the per-example clipping bound.
@@ -79,38 +83,85 @@ class DPSGD:
         secret_key=None,
         insecure_reproducible_seed=None,
     ):
-        self.l2_norm_clip = validation.validate_l2_norm_clip(l2_norm_clip)
-        if sampler is not None and not isinstance(sampler, samplers.Sampler):
+        # The users' constructor: the request part becomes a `DPSGDConfig`
+        # (validated there), then it is bound as tfdp's routes bind theirs.
+        if delta is None:
+            # None is a route's "δ by N" (`DPSGDConfig`); this constructor
+            # has always asked for δ (default 1e-5), so the rule refuses it.
+            validation.validate_delta(delta)
+        _check_sampler(sampler)
+        unit = sampler.privacy_unit if sampler is not None else "example"
+        config = dpsgd_config.DPSGDConfig(
+            l2_norm_clip, noise_multiplier, target_epsilon=target_epsilon, delta=delta,
+            accountant=accountant, privacy_unit=unit,
+            max_examples_per_user=sampler.group_size if unit != "example" else None)
+        self._bind(config, sampler=sampler, steps=steps,
+                   expected_batch_size=expected_batch_size,
+                   secret_key=secret_key_lib.SecretKey.resolve(
+                       secret_key, insecure_reproducible_seed))
+
+    @classmethod
+    def from_config(cls, config, *, sampler=None, steps=None, expected_batch_size=None,
+                    secret_key=None):
+        """The contract of `config` on a route: the one way tfdp makes a `DPSGD`.
+
+        Args:
+            config: `tfdp.DPSGDConfig`. The privacy request, already validated.
+            sampler: `tfdp.samplers.Sampler` or None. The route's sampler: the
+                divisor (its expected batch size) and the DP event. None only
+                for a step with an explicit `expected_batch_size` and no
+                accounting.
+            steps: int or None. The planned logical steps (to calibrate σ
+                from the target ε). Defaults to None.
+            expected_batch_size: float or None. The divisor when there is no
+                sampler. Defaults to None.
+            secret_key: `tfdp.secret_key.SecretKey` or None. The key of the
+                noise and the sampling. Defaults to None: a fresh key from the
+                OS's entropy.
+
+        Returns:
+            A `DPSGD`.
+        """
+        if not isinstance(config, dpsgd_config.DPSGDConfig):
+            raise ValueError(f"config must be a tfdp.DPSGDConfig. Received: config={config!r}")
+        _check_sampler(sampler)
+        if sampler is not None and sampler.privacy_unit != config.privacy_unit:
             raise ValueError(
-                "sampler must be a tfdp.samplers.Sampler (e.g. "
-                "`tfdp.samplers.make_sampler('poisson', dataset_size=..., "
-                f"logical_batch_size=...)`). Received: {sampler!r}"
+                f"The sampler protects one {sampler.privacy_unit}, but the config asks for "
+                f"privacy_unit={config.privacy_unit!r}. Received: sampler={sampler!r}"
             )
+        mechanism = cls.__new__(cls)
+        mechanism._bind(config, sampler=sampler, steps=steps,
+                        expected_batch_size=expected_batch_size,
+                        secret_key=secret_key_lib.SecretKey.resolve(secret_key))
+        return mechanism
+
+    def _bind(self, config, *, sampler, steps, expected_batch_size, secret_key):
+        self.config = config
+        self.l2_norm_clip = config.l2_norm_clip
         self.sampler = sampler
-        self.delta = validation.validate_delta(delta)
-        accounting.validate_accountant(accountant)
-        self.accountant = accountant
+        self.delta = config.delta_for(sampler.dataset_size if sampler is not None else None)
+        self.accountant = config.accountant
         if sampler is not None:
-            accounting.check_supported(accountant, sampler)
-        if target_epsilon is not None:
-            target_epsilon = validation.validate_epsilon(target_epsilon)
-        self.target_epsilon = target_epsilon
+            accounting.check_supported(config.accountant, sampler)
+        self.target_epsilon = config.target_epsilon
         self.planned_steps = steps
+        noise_multiplier = config.noise_multiplier
         if noise_multiplier is None:
-            if target_epsilon is None or sampler is None or steps is None:
+            if sampler is None or steps is None:
                 raise ValueError(
                     "DP-SGD needs a noise_multiplier, or a target_epsilon with a sampler "
                     "and the planned steps to calibrate it. Received: noise_multiplier=None, "
-                    f"target_epsilon={target_epsilon}, sampler={sampler!r}, steps={steps}"
+                    f"target_epsilon={config.target_epsilon}, sampler={sampler!r}, steps={steps}"
                 )
             noise_multiplier = calibration.calibrate_noise(
-                target_epsilon, self.delta, steps=steps, dataset_size=sampler.dataset_size,
-                batch_size=sampler.logical_batch_size, accountant=accountant, sampler=sampler,
+                config.target_epsilon, self.delta, steps=steps,
+                dataset_size=sampler.dataset_size, batch_size=sampler.logical_batch_size,
+                accountant=config.accountant, sampler=sampler,
             )
-            self.calibrated = True
-        else:
-            self.calibrated = False
-        self.noise_multiplier = validation.validate_noise_multiplier(noise_multiplier)
+            noise_multiplier = validation.validate_noise_multiplier(noise_multiplier)
+        self.calibrated = config.noise_multiplier is None
+        self.noise_multiplier = noise_multiplier
         if sampler is not None:
             if expected_batch_size is not None:
                 raise ValueError(
@@ -123,8 +174,8 @@ class DPSGD:
                 "DP-SGD needs the divisor of the noisy sum: pass a sampler, or "
                 "expected_batch_size. Received: sampler=None, expected_batch_size=None"
             )
-        self.expected_batch_size = _check_batch_size(expected_batch_size)
-        self.secret_key = secret_key_lib.SecretKey.resolve(secret_key, insecure_reproducible_seed)
+        self.expected_batch_size = validation.validate_expected_batch_size(expected_batch_size)
+        self.secret_key = secret_key
 
     # ------------------------------------------------------------------
     # The noise and the divisor.

@@ -22,6 +22,7 @@ from absl import logging as absl_logging  # noqa: E402
 import gin  # noqa: E402
 
 from tfdp import config  # noqa: E402
+from tfdp import dpsgd_config  # noqa: E402
 from tfdp import report  # noqa: E402
 from tfdp import tensorflow_startup  # noqa: E402
 from tfdp import validation  # noqa: E402
@@ -248,6 +249,14 @@ def train(
 
     group_size = privacy_unit_lib.check_privacy_unit(privacy_unit, max_examples_per_user,
                                                      sampler, private)
+    # The privacy request, validated here where the flags give it; the run
+    # plan binds it to the sampler, steps and key it fixes.
+    request = None
+    if private:
+        request = dpsgd_config.DPSGDConfig(
+            l2_norm_clip, noise_multiplier, target_epsilon=target_epsilon, delta=delta,
+            accountant=accountant, privacy_unit=privacy_unit,
+            max_examples_per_user=group_size if privacy_unit != "example" else None)
     physical_batch_size = physical_batch_size or logical_batch_size * group_size
     _check_batches_and_epochs(logical_batch_size, physical_batch_size, epochs)
     # Created first: MultiWorkerMirroredStrategy must exist before other TF ops.
@@ -273,9 +282,7 @@ def train(
         batching.sampler, epochs=epochs, workdir=workdir, read_checkpoint=not dry_run,
         key=run_plan.requested_key(dist, insecure_reproducible_seed),
         mechanism_fn=None if not private else lambda steps, key: run_plan.make_mechanism(
-            batching.sampler, steps=steps, key=key, l2_norm_clip=l2_norm_clip,
-            noise_multiplier=noise_multiplier, target_epsilon=target_epsilon, delta=delta,
-            accountant=accountant))
+            request, batching.sampler, steps=steps, key=key))
     mechanism = plan.mechanism
 
     model = model_setup.build_model(

@@ -1,4 +1,4 @@
-"""One rule per privacy quantity: C, σ, δ, ε, step counts and user ids.
+"""One rule per privacy quantity: C, σ, δ, ε, the divisor, step counts and user ids.
 
 Every route that takes these values (`tfdp.DPSGD`, the privacy ledger and
 accountant, `clipped_grad_sum`, the TF-Privacy compat optimizers, the
@@ -78,6 +78,23 @@ def validate_delta(delta):
     if not is_real(delta) or not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1). Received: delta={delta!r}")
     return float(delta)
+
+
+def validate_expected_batch_size(expected_batch_size):
+    """The divisor of the noisy sum (the expected logical batch): a finite number > 0.
+
+    Args:
+        expected_batch_size: the value to check.
+
+    Returns:
+        The divisor as a float.
+    """
+    if not _finite(expected_batch_size) or expected_batch_size <= 0:
+        raise ValueError(
+            "expected_batch_size must be a finite number > 0. "
+            f"Received: expected_batch_size={expected_batch_size!r}"
+        )
+    return float(expected_batch_size)
 
 
 def validate_epsilon(epsilon, name="target_epsilon", allow_zero=False):

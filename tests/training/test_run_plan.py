@@ -8,6 +8,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+import tfdp
 from tfdp import checkpointing
 from tfdp import data
 from tfdp import privacy
@@ -20,9 +21,8 @@ N = 1000
 
 def _mechanism_fn(noise_multiplier=1.1, delta=None):
     def make(steps, key):
-        return run_plan.make_mechanism(
-            sampler, steps=steps, key=key, l2_norm_clip=0.7, noise_multiplier=noise_multiplier,
-            target_epsilon=None, delta=delta, accountant="rdp")
+        config = tfdp.DPSGDConfig(0.7, noise_multiplier, delta=delta, accountant="rdp")
+        return run_plan.make_mechanism(config, sampler, steps=steps, key=key)
     return make
 
 

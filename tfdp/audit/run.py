@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 
+from tfdp import dpsgd_config
 from tfdp import privacy
 from tfdp import samplers
 from tfdp.audit import bounds
@@ -74,6 +75,13 @@ class AuditConfig:
     eval_batch_size: int = 1000
     verbose: bool = False
 
+    def dpsgd_config(self):
+        """The audit's privacy request: σ, or the target ε that calibrates it."""
+        return dpsgd_config.DPSGDConfig(
+            self.l2_norm_clip, self.noise_multiplier,
+            target_epsilon=self.target_epsilon if self.noise_multiplier is None else None,
+            delta=self.delta)
+
     def validate(self):
         def positive_int(name):
             value = getattr(self, name)
@@ -86,20 +94,9 @@ class AuditConfig:
             raise ValueError(f"`num_canaries` must be >= 2. Received: {self.num_canaries}")
         if not (math.isfinite(self.epochs) and self.epochs > 0):
             raise ValueError(f"`epochs` must be > 0. Received: epochs={self.epochs!r}")
-        if not (math.isfinite(self.l2_norm_clip) and self.l2_norm_clip > 0):
-            raise ValueError(f"`l2_norm_clip` must be > 0. Received: {self.l2_norm_clip!r}")
         if (self.noise_multiplier is None) == (self.target_epsilon is None):
             raise ValueError("Give exactly one of `noise_multiplier` and `target_epsilon`.")
-        if self.noise_multiplier is not None and not (
-            math.isfinite(self.noise_multiplier) and self.noise_multiplier >= 0
-        ):
-            raise ValueError(f"`noise_multiplier` must be >= 0. Received: {self.noise_multiplier!r}")
-        if self.target_epsilon is not None and not (
-            math.isfinite(self.target_epsilon) and self.target_epsilon > 0
-        ):
-            raise ValueError(f"`target_epsilon` must be > 0. Received: {self.target_epsilon!r}")
-        if not 0 < self.delta < 1:
-            raise ValueError(f"`delta` must be in (0, 1). Received: delta={self.delta!r}")
+        self.dpsgd_config()  # C, σ, ε and δ, each by its rule in tfdp.validation.
         if not 0 < self.beta < 1:
             raise ValueError(f"`beta` must be in (0, 1). Received: beta={self.beta!r}")
         if self.optimizer not in ("sgd", "adam"):
@@ -212,11 +209,7 @@ def run_audit(config):
     steps = privacy.steps_for_epochs(config.epochs, n, config.batch_size)
     q = sampler.sampling_rate
     # The audit tests the guarantee as users get it: secret noise and batches.
-    mechanism = DPSGD(
-        config.l2_norm_clip, config.noise_multiplier, sampler=sampler,
-        target_epsilon=config.target_epsilon if config.noise_multiplier is None else None,
-        delta=config.delta, steps=steps,
-    )
+    mechanism = DPSGD.from_config(config.dpsgd_config(), sampler=sampler, steps=steps)
     sigma = mechanism.noise_multiplier
     eps_upper = mechanism.epsilon(steps)
     _log(config, f"audit: N={n} ({config.num_train} digits + {int(included.sum())} of "

@@ -38,6 +38,7 @@ def build_step(args):
     import keras
 
     from tfdp import dp
+    from tfdp.dpsgd_config import DPSGDConfig
     from tfdp.mechanism import DPSGD
 
     method = args.child_method
@@ -55,8 +56,9 @@ def build_step(args):
             weight_decay=args.weight_decay, jit_compile=jit,
         )
     else:
-        mechanism = DPSGD(args.l2_norm_clip, args.noise_multiplier,
-                          expected_batch_size=args.batch_size * args.virtual_steps)
+        mechanism = DPSGD.from_config(
+            DPSGDConfig(args.l2_norm_clip, args.noise_multiplier),
+            expected_batch_size=args.batch_size * args.virtual_steps)
         step = dp.PrivateTrainStep(
             model, optimizer, loss_fn, mechanism=mechanism, method=method,
             weight_decay=args.weight_decay, jit_compile=jit,

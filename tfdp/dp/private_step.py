@@ -35,6 +35,7 @@ same bits even if a device's RNG differed.
 
 import tensorflow as tf
 
+from tfdp import dpsgd_config
 from tfdp import mechanism as mechanism_lib
 from tfdp.dp import augmentation_multiplicity as augmentation_multiplicity_lib
 from tfdp.dp import clipping
@@ -152,9 +153,9 @@ class PrivateTrainStep:
                     "PrivateTrainStep needs a mechanism (tfdp.DPSGD) or an explicit "
                     "noise_multiplier. Received: noise_multiplier=None"
                 )
-            mechanism = mechanism_lib.DPSGD(
-                l2_norm_clip, noise_multiplier, expected_batch_size=expected_batch_size,
-                secret_key=secret_key,
+            mechanism = mechanism_lib.DPSGD.from_config(
+                dpsgd_config.DPSGDConfig(l2_norm_clip, noise_multiplier),
+                expected_batch_size=expected_batch_size, secret_key=secret_key,
             )
         elif any(v is not None for v in (l2_norm_clip, noise_multiplier, expected_batch_size,
                                          secret_key)):

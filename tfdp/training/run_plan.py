@@ -4,7 +4,6 @@ import dataclasses
 
 from tfdp import dp
 from tfdp import mechanism as mechanism_lib
-from tfdp import privacy
 from tfdp import secret_key as secret_key_lib
 from tfdp.data import pipeline
 from tfdp.training import privacy_unit as privacy_unit_lib
@@ -50,18 +49,22 @@ def make_batching(train_source, *, sampler, privacy_unit, group_size, logical_ba
         pad_granule=pad_granule if replicas == 1 else None, group_size=group_size)
 
 
-def make_mechanism(sampler, *, steps, key, l2_norm_clip, noise_multiplier, target_epsilon,
-                   delta, accountant):
-    """The run's `tfdp.DPSGD`; δ=None is `tfdp.privacy.default_delta(N)`."""
-    if delta is None:
-        delta = privacy.default_delta(sampler.dataset_size)
-    mechanism = mechanism_lib.DPSGD(
-        l2_norm_clip, noise_multiplier, sampler=sampler, target_epsilon=target_epsilon,
-        delta=delta, accountant=accountant, steps=steps, secret_key=key)
+def make_mechanism(config, sampler, *, steps, key):
+    """The run's `tfdp.DPSGD`: `config` (a `tfdp.DPSGDConfig`) bound to the run.
+
+    Args:
+        config: `tfdp.DPSGDConfig`. The run's privacy request; its δ=None is
+            `tfdp.privacy.default_delta(N)`.
+        sampler: `tfdp.samplers.Sampler`. The run's sampler.
+        steps: int. The planned logical steps.
+        key: `SecretKey`. The key of the noise and the batches.
+    """
+    mechanism = mechanism_lib.DPSGD.from_config(config, sampler=sampler, steps=steps,
+                                                secret_key=key)
     if mechanism.calibrated:
         reporting.log(
             f"calibrated noise_multiplier={mechanism.noise_multiplier:.4f} for "
-            f"epsilon={target_epsilon} at delta={mechanism.delta} over {steps} steps")
+            f"epsilon={config.target_epsilon} at delta={mechanism.delta} over {steps} steps")
     return mechanism
 
 

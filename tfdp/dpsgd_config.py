@@ -1,0 +1,121 @@
+"""`DPSGDConfig`: what a user asks of DP-SGD, validated once where it is given."""
+
+import dataclasses
+
+from tfdp import samplers
+from tfdp import validation
+from tfdp.privacy import accounting
+
+
+def privacy_units():
+    """The privacy units of the registered samplers, e.g. `("example", "user")`."""
+    return tuple(sorted({samplers.sampler_class(name).privacy_unit
+                         for name in samplers.names()}))
+
+
+@dataclasses.dataclass(frozen=True)
+class DPSGDConfig:
+    """The privacy request of a DP-SGD run, before a route binds it.
+
+    It holds what the user decides (C, σ or a target ε, δ, the sampler
+    kind, the privacy unit, the accountant), each checked here by its rule in
+    `tfdp.validation`, once. What only a route knows (its sampler, planned
+    steps, secret key and divisor) binds it into the run's contract:
+    `tfdp.DPSGD.from_config(config, sampler=..., steps=..., secret_key=...)`.
+    Every route inside tfdp (the trainer, Keras `fit`, the TensorFlow Privacy
+    compat layer, the audit, the bench) gets its `DPSGD` that way, so C, σ and
+    δ are validated and read in one place.
+
+    Args:
+        l2_norm_clip: float. C > 0, the per-example clipping bound.
+        noise_multiplier: float or None. σ >= 0. If None, σ is calibrated
+            from `target_epsilon` when the route binds the steps and sampler.
+            Defaults to None.
+        target_epsilon: float or None. A budget: calibrates σ when σ is
+            None, and stops training before it would be exceeded. Defaults
+            to None.
+        delta: float or None. δ of the guarantee, in (0, 1); None:
+            `tfdp.privacy.default_delta(N)` once the route knows N. Defaults
+            to None.
+        accountant: str. "rdp" or "pld". Defaults to "rdp".
+        sampler: str or None. A registered sampler name; None: the route's
+            default. Defaults to None.
+        privacy_unit: str. What ε protects: "example" or "user". Defaults to
+            "example".
+        max_examples_per_user: int or None. k, under `privacy_unit="user"`:
+            the most examples of one user in a logical step. Defaults to None.
+
+    Example:
+
+    ```python
+    config = tfdp.DPSGDConfig(l2_norm_clip=1.0, target_epsilon=3.0, delta=1e-5)
+    mechanism = tfdp.DPSGD.from_config(config, sampler=sampler, steps=1000)
+    ```
+    """
+
+    l2_norm_clip: float
+    noise_multiplier: object = None
+    target_epsilon: object = None
+    delta: object = None
+    accountant: str = "rdp"
+    sampler: object = None
+    privacy_unit: str = "example"
+    max_examples_per_user: object = None
+
+    def __post_init__(self):
+        def set_field(name, value):  # The dataclass is frozen.
+            object.__setattr__(self, name, value)
+
+        set_field("l2_norm_clip", validation.validate_l2_norm_clip(self.l2_norm_clip))
+        if self.delta is not None:
+            set_field("delta", validation.validate_delta(self.delta))
+        accounting.validate_accountant(self.accountant)
+        if self.target_epsilon is not None:
+            set_field("target_epsilon", validation.validate_epsilon(self.target_epsilon))
+        if self.noise_multiplier is None and self.target_epsilon is None:
+            raise ValueError(
+                "DP-SGD needs a noise_multiplier, or a target_epsilon (with a sampler and "
+                "the planned steps) to calibrate it. Received: noise_multiplier=None, "
+                "target_epsilon=None"
+            )
+        if self.noise_multiplier is not None:
+            set_field("noise_multiplier",
+                      validation.validate_noise_multiplier(self.noise_multiplier))
+        self._check_unit()
+        if self.sampler is not None:
+            unit = samplers.sampler_class(self.sampler).privacy_unit  # Unknown names raise.
+            if unit != self.privacy_unit:
+                raise ValueError(
+                    f"sampler={self.sampler!r} protects one {unit}, but privacy_unit="
+                    f"{self.privacy_unit!r} was asked for. Received: sampler={self.sampler!r}, "
+                    f"privacy_unit={self.privacy_unit!r}"
+                )
+
+    def _check_unit(self):
+        units = privacy_units()
+        if self.privacy_unit not in units:
+            raise ValueError(f"privacy_unit must be one of {units}. "
+                             f"Received: privacy_unit={self.privacy_unit!r}")
+        k = self.max_examples_per_user
+        if k is not None and (isinstance(k, bool) or not validation.is_int(k) or k < 1):
+            raise ValueError("max_examples_per_user must be a positive integer. "
+                             f"Received: max_examples_per_user={k!r}")
+        if self.privacy_unit == "example" and k is not None:
+            raise ValueError(
+                "max_examples_per_user applies to privacy_unit='user' only. Received: "
+                f"privacy_unit='example', max_examples_per_user={k!r}")
+        if self.privacy_unit != "example" and k is None:
+            raise ValueError(
+                f"privacy_unit={self.privacy_unit!r} needs max_examples_per_user, a positive "
+                "integer: the most examples of one user in a logical step (the others sit "
+                "that step out). Received: max_examples_per_user=None")
+
+    def delta_for(self, dataset_size):
+        """δ of a run over `dataset_size` privacy units: the one asked, or the default."""
+        if self.delta is not None:
+            return self.delta
+        return accounting.default_delta(dataset_size)
+
+    def replace(self, **changes):
+        """A copy with `changes` (validated like the original)."""
+        return dataclasses.replace(self, **changes)
