@@ -272,17 +272,17 @@ class DPOptimizer(keras.optimizers.Optimizer):
     @property
     def l2_norm_clip(self):
         """C, the mechanism's clipping bound."""
-        return self.mechanism_builder.mechanism.l2_norm_clip
+        return self.mechanism_builder.l2_norm_clip
 
     @property
     def noise_multiplier(self):
         """σ, the mechanism's noise multiplier."""
-        return self.mechanism_builder.mechanism.noise_multiplier
+        return self.mechanism_builder.noise_multiplier
 
     @property
     def accountant(self):
         """The mechanism's accountant ("rdp" or "pld")."""
-        return self.mechanism_builder.mechanism.accountant
+        return self.mechanism_builder.accountant
 
     @property
     def delta(self):
@@ -293,12 +293,12 @@ class DPOptimizer(keras.optimizers.Optimizer):
     @property
     def insecure_reproducible_seed(self):
         """The public seed of an INSECURE key, or None for a secret key."""
-        return self.mechanism_builder.mechanism.secret_key.insecure_seed
+        return self.mechanism_builder.secret_key.insecure_seed
 
     @property
     def sampling_key(self):
         """The secret sampling sub-key (a graph constant, never saved)."""
-        return self.mechanism_builder.mechanism.sampling_key
+        return self.mechanism_builder.secret_key.derive("sampling")
 
     @property
     def expected_batch_size(self):

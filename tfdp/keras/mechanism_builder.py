@@ -9,9 +9,11 @@ costs; nothing here branches on a sampler's name.
 import numpy as np
 import tensorflow as tf
 
+from tfdp import dpsgd_config
 from tfdp import mechanism as mechanism_lib
 from tfdp import samplers
 from tfdp import secret_key as secret_key_lib
+from tfdp import validation
 from tfdp.keras import fit_plan as fit_plan_lib
 from tfdp.privacy import accounting as privacy_accounting
 
@@ -27,30 +29,16 @@ DEFAULT_SAMPLERS = {
 }
 
 
-def privacy_units():
-    """The privacy units of the registered samplers, e.g. `("example", "user")`."""
-    return tuple(sorted({samplers.sampler_class(name).privacy_unit
-                         for name in samplers.names()}))
-
-
-def _positive_int_or_none(name, value):
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer. Received: {name}={value!r}")
-    return value
-
-
 class MechanismBuilder:
     """The privacy request of a `DPOptimizer`, and the `DPSGD` of each `fit`.
 
-    It holds one `tfdp.DPSGD` at a time, `mechanism`: the one given, or the
-    contract built from the arguments (C, σ, δ, the accountant and the
-    secret key), which each `plan` replaces with the mechanism of its
-    `fit` once the route has fixed the sampler, N and B. C, σ, the
-    accountant and the key are read from that mechanism alone; the builder
-    keeps only what a `fit` settles (B, N, δ and the sampler asked for, or
-    None for "from the inputs").
+    It holds the request, `request` (a `tfdp.DPSGDConfig`: C, σ, δ, the
+    sampler asked for, the privacy unit and the accountant, validated when
+    the optimizer is made), and binds it to each `fit` once the route has
+    fixed the sampler, N and B: `mechanism` is the `tfdp.DPSGD` of the last
+    `plan` (or the one given), None before. C, σ and δ live in the request
+    (or the given mechanism) alone; the builder keeps the key and what a
+    `fit` settles (B and N as asked, or None for "from the inputs").
 
     Args:
         l2_norm_clip: float or None. C (without `mechanism`).
@@ -102,33 +90,17 @@ class MechanismBuilder:
                 f"l2_norm_clip={l2_norm_clip}, noise_multiplier={noise_multiplier}"
             )
         self.given = False
-        self.privacy_unit = self._check_unit(privacy_unit, max_examples_per_user)
-        self.max_examples_per_user = max_examples_per_user
-        if sampler is not None:
-            unit = samplers.sampler_class(sampler).privacy_unit  # Unknown names raise.
-            if unit != self.privacy_unit:
-                raise ValueError(
-                    f"sampler={sampler!r} protects one {unit}, but the optimizer was asked "
-                    f"for privacy_unit={self.privacy_unit!r}. Received: sampler={sampler!r}, "
-                    f"privacy_unit={self.privacy_unit!r}"
-                )
-        self.sampler = sampler
-        self.expected_batch_size = (None if expected_batch_size is None
-                                    else float(expected_batch_size))
+        # Validated here, where the user gives it; bound at each `plan`.
+        self.request = dpsgd_config.DPSGDConfig(
+            l2_norm_clip, noise_multiplier, delta=delta, accountant=accountant,
+            sampler=sampler, privacy_unit=privacy_unit,
+            max_examples_per_user=max_examples_per_user)
+        self.expected_batch_size = (None if expected_batch_size is None else
+                                    validation.validate_expected_batch_size(expected_batch_size))
         self.dataset_size = None if dataset_size is None else int(dataset_size)
-        self.delta = None if delta is None else float(delta)
-        # The contract validates C, σ, B, δ and the accountant now. Its
-        # divisor is a placeholder until `plan` knows B: no aggregator or
-        # ledger is made from it.
-        self.mechanism = mechanism_lib.DPSGD(
-            l2_norm_clip, noise_multiplier,
-            delta=self.delta or privacy_accounting.default_delta(self.dataset_size),
-            accountant=accountant,
-            expected_batch_size=(1.0 if self.expected_batch_size is None
-                                 else self.expected_batch_size),
-            secret_key=secret_key_lib.SecretKey.resolve(
-                insecure_seed=insecure_reproducible_seed),
-        )
+        self.secret_key = secret_key_lib.SecretKey.resolve(
+            insecure_seed=insecure_reproducible_seed)
+        self.mechanism = None  # Bound by `plan`, once B is known.
 
     def _init_given(self, mechanism, **others):
         if not isinstance(mechanism, mechanism_lib.DPSGD):
@@ -145,34 +117,44 @@ class MechanismBuilder:
             )
         self.given = True
         self.mechanism = mechanism
-        sampler = mechanism.sampler
-        self.privacy_unit = sampler.privacy_unit if sampler is not None else "example"
-        self.max_examples_per_user = (sampler.group_size if self.privacy_unit != "example"
-                                      else None)
-        self.sampler = None
+        self.request = mechanism.config
+        self.secret_key = mechanism.secret_key
         self.expected_batch_size = None
         self.dataset_size = None
-        self.delta = None
-
-    @staticmethod
-    def _check_unit(privacy_unit, max_examples_per_user):
-        units = privacy_units()
-        if privacy_unit not in units:
-            raise ValueError(f"privacy_unit must be one of {units}. "
-                             f"Received: privacy_unit={privacy_unit!r}")
-        k = _positive_int_or_none("max_examples_per_user", max_examples_per_user)
-        if privacy_unit == "example" and k is not None:
-            raise ValueError(
-                "max_examples_per_user applies to privacy_unit='user' only. Received: "
-                f"privacy_unit='example', max_examples_per_user={max_examples_per_user!r}")
-        if privacy_unit != "example" and k is None:
-            raise ValueError(
-                f"privacy_unit={privacy_unit!r} needs max_examples_per_user, a positive "
-                "integer: the most examples of one user in a logical step (the others sit "
-                "that step out). Received: max_examples_per_user=None")
-        return privacy_unit
 
     # ------------------------------------------------------------------
+
+    @property
+    def l2_norm_clip(self):
+        """C of the request."""
+        return self.request.l2_norm_clip
+
+    @property
+    def noise_multiplier(self):
+        """σ: the given mechanism's (perhaps calibrated), else the request's."""
+        return self.mechanism.noise_multiplier if self.given else self.request.noise_multiplier
+
+    @property
+    def accountant(self):
+        return self.request.accountant
+
+    @property
+    def delta(self):
+        """δ: the given mechanism's, else as asked (None: by N at each `plan`)."""
+        return self.mechanism.delta if self.given else self.request.delta
+
+    @property
+    def sampler(self):
+        """The sampler name asked for, or None (the route's default, or the given one)."""
+        return None if self.given else self.request.sampler
+
+    @property
+    def privacy_unit(self):
+        return self.request.privacy_unit
+
+    @property
+    def max_examples_per_user(self):
+        return self.request.max_examples_per_user
 
     @property
     def current(self):
@@ -332,21 +314,21 @@ class MechanismBuilder:
         return {"user_ids": user_ids, "max_examples_per_user": self.max_examples_per_user}
 
     def _fit_mechanism(self, sampler, batch):
-        """A `DPSGD` with this fit's sampler, on the current mechanism's C, σ and key."""
-        current = self.mechanism
+        """The request bound to this fit: its sampler (or divisor) and the key."""
         n = sampler.dataset_size if sampler is not None else None
-        kwargs = dict(delta=self.delta or privacy_accounting.default_delta(n),
-                      accountant=current.accountant, secret_key=current.secret_key)
+        # δ by N of the sampler that draws the batches, even where the
+        # divisor below is not its B.
+        request = self.request.replace(delta=self.request.delta_for(n))
         if self.noise_divisor is not None:
             # TF-Privacy's microbatch divisor is not B, so this mechanism
             # carries no sampler; `accounting_mechanism` accounts the plan's.
-            return mechanism_lib.DPSGD(current.l2_norm_clip, current.noise_multiplier,
-                                       expected_batch_size=self.noise_divisor, **kwargs)
+            return mechanism_lib.DPSGD.from_config(
+                request, expected_batch_size=self.noise_divisor, secret_key=self.secret_key)
         if sampler is None:
-            return mechanism_lib.DPSGD(current.l2_norm_clip, current.noise_multiplier,
-                                       expected_batch_size=batch, **kwargs)
-        return mechanism_lib.DPSGD(current.l2_norm_clip, current.noise_multiplier,
-                                   sampler=sampler, **kwargs)
+            return mechanism_lib.DPSGD.from_config(
+                request, expected_batch_size=batch, secret_key=self.secret_key)
+        return mechanism_lib.DPSGD.from_config(request, sampler=sampler,
+                                               secret_key=self.secret_key)
 
     # ------------------------------------------------------------------
     # Accounting.
@@ -391,31 +373,31 @@ class MechanismBuilder:
             name = self.fit_plan.sampler_name
             batch = (self._planned_batch if self._planned_batch is not None
                      else int(round(mech.expected_batch_size)))
-        delta = (delta or self.delta or (mech.delta if self.given else None)
-                 or privacy_accounting.default_delta(n))
-        return mechanism_lib.DPSGD(
-            mech.l2_norm_clip, mech.noise_multiplier,
-            sampler=samplers.for_accounting(name, None, dataset_size=n,
-                                            batch_size=min(batch, n)),
-            delta=delta, accountant=mech.accountant, secret_key=mech.secret_key,
+        delta = delta or self.delta or privacy_accounting.default_delta(n)
+        # The bound σ (perhaps calibrated) on the accounted sampler, no budget.
+        request = mech.config.replace(noise_multiplier=mech.noise_multiplier,
+                                      target_epsilon=None, delta=delta)
+        return mechanism_lib.DPSGD.from_config(
+            request, sampler=samplers.for_accounting(name, None, dataset_size=n,
+                                                     batch_size=min(batch, n)),
+            secret_key=mech.secret_key,
         )
 
     # ------------------------------------------------------------------
 
     def config(self):
         """The privacy entries of `DPOptimizer.get_config` (never the key)."""
-        mech = self.mechanism
-        sampler = mech.sampler if self.given else None
+        sampler = self.mechanism.sampler if self.given else None
         return {
-            "l2_norm_clip": mech.l2_norm_clip,
-            "noise_multiplier": mech.noise_multiplier,
+            "l2_norm_clip": self.l2_norm_clip,
+            "noise_multiplier": self.noise_multiplier,
             "expected_batch_size": (sampler.logical_batch_size if sampler
                                     else self.expected_batch_size),
-            "insecure_reproducible_seed": mech.secret_key.insecure_seed,
+            "insecure_reproducible_seed": self.secret_key.insecure_seed,
             "dataset_size": sampler.dataset_size if sampler else self.dataset_size,
-            "delta": mech.delta if self.given else self.delta,
+            "delta": self.delta,
             "sampler": sampler.name if sampler else self.sampler,
-            "accountant": mech.accountant,
+            "accountant": self.accountant,
             "privacy_unit": self.privacy_unit,
             "max_examples_per_user": self.max_examples_per_user,
         }

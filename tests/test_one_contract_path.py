@@ -1,0 +1,74 @@
+"""Inside tfdp, every route makes its `DPSGD` one way, from a `DPSGDConfig`.
+
+Reads tfdp's sources with `ast` (nothing is imported, so this runs in well
+under a second):
+- `DPSGD(...)` is called nowhere but in `tfdp/mechanism.py`: the routes call
+  `DPSGD.from_config(config, ...)`, so C, σ and δ are validated and read in
+  the request alone;
+- C and σ are validated by `tfdp.validation`'s rules, called only where a
+  request or a record is read, and no module keeps an inline copy of them.
+"""
+
+import ast
+import pathlib
+import unittest
+
+_ROOT = pathlib.Path(__file__).resolve().parent.parent / "tfdp"
+
+# Where C is checked by its rule: the request, the engine's own entry point
+# (`clipped_grad_sum(..., l2_norm_clip)`), a ledger read back from a record,
+# and the trainer's gin values before TensorFlow's import.
+_CLIP_RULE_CALLERS = {
+    "tfdp/dpsgd_config.py",
+    "tfdp/dp/clipping.py",
+    "tfdp/privacy/ledger.py",
+    "tfdp/train.py",
+    "tfdp/compat/tensorflow_privacy/dp_keras_optimizer.py",
+}
+
+
+def _sources():
+    for path in sorted(_ROOT.rglob("*.py")):
+        yield str(path.relative_to(_ROOT.parent)), path.read_text()
+
+
+def _called_name(call):
+    func = call.func
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return None
+
+
+def _calls(source, name):
+    return [node.lineno for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Call) and _called_name(node) == name]
+
+
+class OneContractPathTest(unittest.TestCase):
+    def test_dpsgd_is_made_from_a_config(self):
+        found = [f"{path}:{line}" for path, source in _sources()
+                 if path != "tfdp/mechanism.py" for line in _calls(source, "DPSGD")]
+        self.assertEqual(found, [], "make the DPSGD with DPSGD.from_config(DPSGDConfig(...))")
+
+    def test_clip_rule_callers(self):
+        found = {path for path, source in _sources()
+                 if _calls(source, "validate_l2_norm_clip")}
+        self.assertEqual(found - _CLIP_RULE_CALLERS, set(),
+                         "C is validated in the DPSGDConfig; pass one instead")
+
+    def test_no_inline_copy_of_the_rules(self):
+        found = [path for path, source in _sources() if path != "tfdp/validation.py"
+                 for text in ("l2_norm_clip` must be", "l2_norm_clip must be",
+                              "noise_multiplier` must be")
+                 if text in source]
+        self.assertEqual(found, [], "use tfdp.validation's rule (through DPSGDConfig)")
+
+    def test_the_checks_see_a_call(self):
+        self.assertEqual(_calls("x = tfdp.DPSGD(1.0, 1.0)\ny = DPSGD(2.0)", "DPSGD"), [1, 2])
+        self.assertEqual(_calls("m = DPSGD.from_config(c)", "DPSGD"), [])
+
+
+if __name__ == "__main__":
+    unittest.main()
