@@ -20,10 +20,8 @@ import unittest
 
 _ROOT = pathlib.Path(__file__).resolve().parent.parent / "tfdp"
 
-# Upward imports kept for compatibility: (importing module, imported module).
-# `DPSGD.aggregator()` builds the engine's aggregator for callers that have
-# not moved to `tfdp.dp.NoisyAggregator.for_mechanism`.
-_ALLOWED_UPWARD = {("tfdp.mechanism", "tfdp.dp.noisy_aggregator")}
+# Upward imports allowed by name: (importing module, imported module). None.
+_ALLOWED_UPWARD = set()
 
 
 def _module_name(path):

@@ -7,13 +7,15 @@ make one. Everything the guarantee rests on is derived here:
 - σ, calibrated for the target ε over the planned steps;
 - the noise std σ·C and the divisor (the sampler's expected batch size);
 - the DP event and the privacy ledger;
-- whether a checkpoint may be continued under this contract;
-- the noisy aggregator that releases each logical step.
+- whether a checkpoint may be continued under this contract.
+
+The engine builds the noisy aggregator that releases each logical step from
+it (`tfdp.dp.NoisyAggregator.for_mechanism`).
 
 The trainer, `DPOptimizer` / `make_private`, the audit and the bench all take
 one, so no route can wire these values differently.
 
-Imports no TensorFlow until the aggregator is asked for.
+Imports no TensorFlow.
 """
 
 import copy
@@ -190,18 +192,6 @@ class DPSGD:
     def sampling_key(self):
         """The secret sub-key of the sampler's batches."""
         return self.secret_key.derive("sampling")
-
-    def aggregator(self):
-        """The `NoisyAggregator` that releases each logical step.
-
-        Prefer `tfdp.dp.NoisyAggregator.for_mechanism(mechanism)`: the engine
-        builds on this contract, not the other way round.
-        """
-        # Imported here, not at the top: this module keeps TensorFlow out of
-        # the privacy CLI, and the engine imports this module.
-        from tfdp.dp import noisy_aggregator
-
-        return noisy_aggregator.NoisyAggregator.for_mechanism(self)
 
     # ------------------------------------------------------------------
     # Accounting.

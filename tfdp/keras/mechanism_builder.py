@@ -14,6 +14,7 @@ from tfdp import mechanism as mechanism_lib
 from tfdp import samplers
 from tfdp import secret_key as secret_key_lib
 from tfdp import validation
+from tfdp.dp import noisy_aggregator
 from tfdp.keras import fit_plan as fit_plan_lib
 from tfdp.privacy import accounting as privacy_accounting
 
@@ -237,7 +238,8 @@ class MechanismBuilder:
             if not self.given:
                 self.mechanism = self._fit_mechanism(sampler, batch)
             with tf.init_scope():  # May run while a train step is traced.
-                self.aggregator = self.mechanism.aggregator()
+                self.aggregator = noisy_aggregator.NoisyAggregator.for_mechanism(
+                    self.mechanism)
             self._plan_key = key
         steps = None
         if route in fit_plan_lib.ARRAY_ROUTES:
