@@ -224,13 +224,13 @@ class PadGranuleTest(tf.test.TestCase):
             self.assertEqual([len(b[2]) for b in hosts[0][s]], [len(b[2]) for b in hosts[1][s]])
 
     def test_resolve_pad_granule(self):
-        self.assertEqual(data.pipeline.resolve_pad_granule(None, 256), 256)
-        self.assertEqual(data.pipeline.resolve_pad_granule("auto", 256), 32)
-        self.assertEqual(data.pipeline.resolve_pad_granule("auto", 250), 125)
-        self.assertEqual(data.pipeline.resolve_pad_granule("auto", 7), 7)
+        self.assertEqual(data.batch_padding.resolve_pad_granule(None, 256), 256)
+        self.assertEqual(data.batch_padding.resolve_pad_granule("auto", 256), 32)
+        self.assertEqual(data.batch_padding.resolve_pad_granule("auto", 250), 125)
+        self.assertEqual(data.batch_padding.resolve_pad_granule("auto", 7), 7)
         for bad in (0, 3, 32.0, "fine", True):
             with self.assertRaisesRegex(ValueError, "pad_granule"):
-                data.pipeline.resolve_pad_granule(bad, 16)
+                data.batch_padding.resolve_pad_granule(bad, 16)
 
 
 class _PerExampleSource:
@@ -274,8 +274,8 @@ class BatchReadTest(tf.test.TestCase):
             )
             for source in (train, _PerExampleSource(train))
         ]
-        self.assertTrue(data.pipeline._reads_batches(train))
-        self.assertFalse(data.pipeline._reads_batches(_PerExampleSource(train)))
+        self.assertTrue(data.pipeline_parts.reads_batches(train))
+        self.assertFalse(data.pipeline_parts.reads_batches(_PerExampleSource(train)))
         return pipelines
 
     def assertSameBatches(self, batched, per_example):
@@ -448,8 +448,8 @@ class EvalPipelineTest(tf.test.TestCase):
                     self.assertAllEqual(g, w)
         labels = np.concatenate([b[1][b[2] > 0] for b in passes[2]])
         self.assertAllEqual(labels, np.arange(23))
-        self.assertTrue(data.pipeline._small_decoded_array(source, ds, 2**20))
-        self.assertFalse(data.pipeline._small_decoded_array(source, ds, 16))
+        self.assertTrue(data.eval_pipeline._small_decoded_array(source, ds, 2**20))
+        self.assertFalse(data.eval_pipeline._small_decoded_array(source, ds, 16))
 
     def test_every_example_once_with_padding(self):
         source = _index_source(23, shape=(2, 2, 1))

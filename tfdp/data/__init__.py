@@ -5,10 +5,8 @@ from tfdp.data.catalog import catalog_entry
 from tfdp.data.datasets import DatasetSplits
 from tfdp.data.datasets import load_dataset
 from tfdp.data.folder import FileSource
-from tfdp.data.pipeline import DecodeStats
-from tfdp.data.pipeline import make_eval_pipeline
-from tfdp.data.pipeline import make_train_pipeline
-from tfdp.data.pipeline import train_sampler
+from tfdp.data.decode_guard import DecodeStats
+from tfdp.data.eval_pipeline import make_eval_pipeline
 from tfdp.data.preprocessing import cifar_eval_preprocess
 from tfdp.data.preprocessing import cifar_train_preprocess
 from tfdp.data.preprocessing import imagenet_eval_preprocess
@@ -21,6 +19,8 @@ from tfdp.data.sources import load_offline
 from tfdp.data.sources import load_tfds
 from tfdp.data.splits import held_out_count
 from tfdp.data.tfrecord import ArrayRecordSource
+from tfdp.data.train_pipeline import make_train_pipeline
+from tfdp.data.train_pipeline import train_sampler
 from tfdp.data.validation import SubsetSource
 from tfdp.data.validation import split_validation
 

@@ -21,9 +21,9 @@ import tensorflow as tf
 
 from tfdp import samplers
 from tfdp.data import datasets
-from tfdp.data import pipeline
 from tfdp.data import preprocessing
 from tfdp.data import sources
+from tfdp.data import train_pipeline
 
 
 def benchmark_pipeline(dataset, num_batches, warmup_batches=2):
@@ -169,7 +169,7 @@ def compare_routes(num_images=256, batch_size=64, num_batches=8, rounds=3, direc
     rates = {name: [] for name in routes}
     for _ in range(rounds):
         for name, source in routes.items():
-            ds = pipeline.make_train_pipeline(
+            ds = train_pipeline.make_train_pipeline(
                 source, sampler="poisson", physical_batch_size=batch_size,
                 logical_batch_size=batch_size, num_steps=10**6, seed=0,
                 preprocess_fn=preprocessing.imagenet_train_preprocess(),
@@ -196,7 +196,7 @@ def main(argv=None):
         return rates
 
     source = mock_jpeg_source(args.num_images)
-    ds = pipeline.make_train_pipeline(
+    ds = train_pipeline.make_train_pipeline(
         source,
         sampler=args.sampler,
         physical_batch_size=args.batch_size,

@@ -45,10 +45,10 @@ import tensorflow as tf
 
 from tfdp.data import arrays
 from tfdp.data import catalog
+from tfdp.data import decode_guard
 from tfdp.data import duplicates
 from tfdp.data import folder
 from tfdp.data import image_check
-from tfdp.data import pipeline
 from tfdp.data import preprocessing as preprocessing_lib
 from tfdp.data import sources
 from tfdp.data import splits
@@ -183,7 +183,7 @@ def _first_image_shape(source):
         return preprocessing_lib.decode(image, 0)
 
     # Reuses the pipelines' search for a decodable stand-in image.
-    image = pipeline.find_substitute(
+    image = decode_guard.find_substitute(
         source.as_dataset(), decode
     )
     return tuple(int(d) for d in decode(image, None).shape)

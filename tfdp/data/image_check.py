@@ -6,8 +6,8 @@ with the decoder the pipelines use (`tf.io.decode_image`), in a parallel
 tf.data pass. The images that fail are dropped from their split (train,
 test, validation) and named in one line of `DatasetSplits.notes`, so the
 training and evaluation pipelines never meet them: their speed does not
-depend on them, and their weight-0 guard (`tfdp.data.pipeline`) is left for
-data that cannot be checked up front (tfds sources).
+depend on them, and their weight-0 guard (`tfdp.data.decode_guard`) is left
+for data that cannot be checked up front (tfds sources).
 
 The same pass gives each image's decoded size and channels, from which the
 notes say, in one line, how many images are converted (grayscale or RGBA

@@ -1,9 +1,9 @@
 """Data sources: in-memory arrays, tfds random access and tfds streaming.
 
-A source is what the pipelines in `tfdp.data.pipeline` read from. Sources
-with `random_access = True` expose `fetch(index)`, a graph-compatible
-function from a scalar int64 index to `(image, label)`, which Poisson
-sampling needs. Streaming sources only expose `as_dataset(...)` and support
+A source is what the pipelines in `tfdp.data.train_pipeline` and
+`tfdp.data.eval_pipeline` read from. Sources with `random_access = True`
+expose `fetch(index)`, a graph-compatible function from a scalar int64
+index to `(image, label)`, which Poisson sampling needs. Streaming sources only expose `as_dataset(...)` and support
 shuffle sampling and evaluation.
 
 `fetch` may return the image as a scalar `tf.string` of encoded bytes (JPEG
@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from tfdp import validation
 from tfdp.data import catalog
-from tfdp.data import pipeline
+from tfdp.data import decode_guard
 from tfdp.data import preprocessing
 from tfdp.data import splits
 
@@ -557,10 +557,10 @@ def decode_in_memory(encoded, info, decode_fn=None):
     ds = ds.map(
         lambda image: (image, 0, 1.0, False, tf.zeros([2], tf.int64)),
     )
-    ds = pipeline.guarded_map(
+    ds = decode_guard.guarded_map(
         ds,
         decode,
-        lambda: pipeline.find_substitute(
+        lambda: decode_guard.find_substitute(
             tf.data.Dataset.from_tensor_slices(
                 (encoded.astype(object), np.zeros(len(encoded), np.int32))
             ),

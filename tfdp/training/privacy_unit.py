@@ -2,7 +2,7 @@
 
 from tfdp import privacy
 from tfdp import samplers
-from tfdp.data import pipeline
+from tfdp.data import batch_padding
 from tfdp.dp import user_groups
 from tfdp.training import reporting
 
@@ -84,7 +84,7 @@ def user_sampler(train_source, *, users_per_step, physical_batch_size, k, replic
         pad_granule = next(g for g in (physical_batch_size // d for d in (8, 4, 2, 1))
                            if physical_batch_size % g == 0 and g % k == 0)
     elif pad_granule is not None:
-        pad_granule = pipeline.resolve_pad_granule(pad_granule, physical_batch_size)
+        pad_granule = batch_padding.resolve_pad_granule(pad_granule, physical_batch_size)
     return sampler, pad_granule
 
 

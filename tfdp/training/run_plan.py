@@ -5,7 +5,7 @@ import dataclasses
 from tfdp import dp
 from tfdp import mechanism as mechanism_lib
 from tfdp import secret_key as secret_key_lib
-from tfdp.data import pipeline
+from tfdp.data import train_pipeline
 from tfdp.training import privacy_unit as privacy_unit_lib
 from tfdp.training import reporting
 from tfdp.training import resume
@@ -39,7 +39,7 @@ def make_batching(train_source, *, sampler, privacy_unit, group_size, logical_ba
             train_source, users_per_step=logical_batch_size,
             physical_batch_size=physical_batch_size, k=group_size, replicas=replicas,
             pad_granule=pad_granule)
-    sampler = pipeline.train_sampler(
+    sampler = train_pipeline.train_sampler(
         train_source, sampler=sampler, physical_batch_size=physical_batch_size,
         logical_batch_size=logical_batch_size)
     return Batching(
