@@ -8,7 +8,7 @@
 #   CUDA_VISIBLE_DEVICES=0,1 launch/local.sh mnist_default.gin --workdir=/tmp/mnist2
 #
 # One process drives all visible GPUs (CUDA_VISIBLE_DEVICES selects them).
-# train.physical_batch_size is GLOBAL: it is split evenly over the GPUs and
+# RunConfig.physical_batch_size is GLOBAL: it is split evenly over the GPUs and
 # must be a multiple of their number (the paper's 8 GPUs x 128 per GPU is
 # physical_batch_size = 1024). The logical batch, the noise (added once per
 # logical step) and the privacy accounting do not depend on the GPU count.

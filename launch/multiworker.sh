@@ -14,7 +14,7 @@
 #
 # --workdir must be the same shared directory (GCS, NFS) on every host:
 # every worker restores from it, only the chief (index 0) writes checkpoints
-# and the privacy ledger there. train.physical_batch_size is GLOBAL (all
+# and the privacy ledger there. RunConfig.physical_batch_size is GLOBAL (all
 # GPUs of all hosts) and must be a multiple of the total GPU count; each
 # host builds its own share of every physical batch (input_context).
 # All workers must run the same code, gin file and --seed. See

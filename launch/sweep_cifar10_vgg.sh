@@ -10,7 +10,7 @@ workdirs=()
 for noise in 0.5 1.0 1.5; do
   workdir="workdir/cifar10_vgg_noise_${noise}"
   python -m tfdp.train --gin_file=gin/cifar10_vgg.gin --gin_param="NOISE = ${noise}" \
-    --gin_param="train.validation_fraction = ${validation}" --workdir="${workdir}" "$@"
+    --gin_param="DataConfig.validation_fraction = ${validation}" --workdir="${workdir}" "$@"
   workdirs+=("${workdir}")
 done
 python -m tfdp.tuning "${workdirs[@]}"

@@ -11,7 +11,7 @@ workdirs=()
 for frozen in 0 1 2 3 4; do
   workdir="workdir/imagenet_r18_frozen_${frozen}"
   python -m tfdp.train --gin_file=gin/imagenet_r18_frozen.gin \
-    --gin_param="FROZEN = ${frozen}" --gin_param="train.validation_fraction = ${validation}" \
+    --gin_param="FROZEN = ${frozen}" --gin_param="DataConfig.validation_fraction = ${validation}" \
     --workdir="${workdir}" "$@"
   workdirs+=("${workdir}")
 done

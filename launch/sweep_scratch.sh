@@ -16,7 +16,7 @@ workdirs=()
 run() {  # run WORKDIR [train flags]
   local workdir="$1"; shift
   python -m tfdp.train --workdir="${workdir}" \
-    --gin_param="train.validation_fraction = ${validation}" "$@"
+    --gin_param="DataConfig.validation_fraction = ${validation}" "$@"
   workdirs+=("${workdir}")
 }
 case "$sweep" in

@@ -6,16 +6,16 @@
 # From a workstation, e.g.:
 #   gcloud compute tpus tpu-vm ssh NAME --zone=ZONE --command \
 #     "cd tfdp && launch/tpu_vm.sh gin/imagenet_r18_places.gin --workdir=gs://BUCKET/r18 \
-#      --gin_param=\"train.data_dir='gs://BUCKET/tfds'\""
+#      --gin_param=\"DataConfig.data_dir='gs://BUCKET/tfds'\""
 #
 # The VM needs a TensorFlow build for TPU VMs (`pip install tensorflow-tpu`
 # of the same version, or the TPU VM image's TF) and `pip install -e .` of
 # this repository. TPU hosts read data and write checkpoints through GCS,
-# so --workdir and train.data_dir should be gs:// paths. The 8 TPU cores
-# are the replicas: train.physical_batch_size is GLOBAL and must be a
+# so --workdir and DataConfig.data_dir should be gs:// paths. The 8 TPU cores
+# are the replicas: RunConfig.physical_batch_size is GLOBAL and must be a
 # multiple of the core count. Mixed precision (bfloat16 compute, float32
 # variables, clipping and noise in float32) is the natural setting on TPU:
-# --gin_param=train.mixed_precision=True. TPU_NAME selects a TPU other than
+# --gin_param=RunConfig.mixed_precision=True. TPU_NAME selects a TPU other than
 # the local one (TPUClusterResolver). This path is untested in CI (no TPU);
 # see docs/DISTRIBUTED.md.
 set -euo pipefail

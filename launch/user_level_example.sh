@@ -31,7 +31,7 @@ mkdir -p "${OUT}"
 NPZ="${OUT}/mnist_users.npz"
 MAX_USER_IMAGES=20
 EXTRA=()
-if [[ -n "${EPOCHS:-}" ]]; then EXTRA+=("--gin_param=train.epochs = ${EPOCHS}"); fi
+if [[ -n "${EPOCHS:-}" ]]; then EXTRA+=("--gin_param=OptimizationConfig.epochs = ${EPOCHS}"); fi
 
 "${PY}" - "${NPZ}" <<'PYEOF'
 import sys
@@ -77,9 +77,9 @@ run() {  # name, then trainer flags
 run user_level --gin_file=gin/examples/mnist_user_level.gin --gin_param="USERS_NPZ = 'npz:${NPZ}'"
 # sigma ~ 4.6: the default learning rate (0.5) diverges; 0.05 did best of the two tried.
 run example_level_group --gin_file=gin/mnist_default.gin \
-  --gin_param="train.dataset = 'npz:${NPZ}'" --gin_param="train.target_epsilon = ${EPS_EX}" \
-  --gin_param="train.delta = ${DELTA_EX}" --gin_param="train.base_lr = 0.05"
-run example_level --gin_file=gin/mnist_default.gin --gin_param="train.dataset = 'npz:${NPZ}'"
+  --gin_param="DataConfig.dataset = 'npz:${NPZ}'" --gin_param="PrivacyConfig.target_epsilon = ${EPS_EX}" \
+  --gin_param="PrivacyConfig.delta = ${DELTA_EX}" --gin_param="OptimizationConfig.base_lr = 0.05"
+run example_level --gin_file=gin/mnist_default.gin --gin_param="DataConfig.dataset = 'npz:${NPZ}'"
 
 "${PY}" - "${OUT}" "${MAX_USER_IMAGES}" <<'PYEOF'
 import json

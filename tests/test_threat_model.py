@@ -18,15 +18,15 @@ from tests.test_train import run_train
 from tfdp import checkpointing
 
 TINY = [
-    "--gin_param=train.dataset = 'digits'",
-    "--gin_param=train.epochs = 1",
-    "--gin_param=train.logical_batch_size = 128",
-    "--gin_param=train.physical_batch_size = 64",
-    "--gin_param=train.noise_multiplier = 1.0",
-    "--gin_param=train.target_epsilon = None",
-    "--gin_param=train.log_every_steps = 5",
+    "--gin_param=DataConfig.dataset = 'digits'",
+    "--gin_param=OptimizationConfig.epochs = 1",
+    "--gin_param=OptimizationConfig.logical_batch_size = 128",
+    "--gin_param=RunConfig.physical_batch_size = 64",
+    "--gin_param=PrivacyConfig.noise_multiplier = 1.0",
+    "--gin_param=PrivacyConfig.target_epsilon = None",
+    "--gin_param=RunConfig.log_every_steps = 5",
 ]
-NON_PRIVATE = ["--gin_param=train.private = False"]
+NON_PRIVATE = ["--gin_param=PrivacyConfig.private = False"]
 
 
 def _model_weights(workdir):
@@ -91,8 +91,8 @@ class SecretRandomnessTest(tf.test.TestCase):
 
     @pytest.mark.slow
     def test_insecure_seed_reproduces_and_says_so(self):
-        args = [*TINY, "--gin_param=train.insecure_reproducible_seed = 4",
-                "--gin_param=train.export_model = False"]
+        args = [*TINY, "--gin_param=PrivacyConfig.insecure_reproducible_seed = 4",
+                "--gin_param=RunConfig.export_model = False"]
         weights = []
         for _ in range(2):
             workdir = self.create_tempdir().full_path
@@ -107,9 +107,9 @@ class SecretRandomnessTest(tf.test.TestCase):
 
     @pytest.mark.slow
     def test_resumed_run_continues_with_the_same_key(self):
-        args = [*TINY, "--gin_param=train.epochs = 2",
-                "--gin_param=train.checkpoint_every_steps = 4",
-                "--gin_param=train.export_model = False"]
+        args = [*TINY, "--gin_param=OptimizationConfig.epochs = 2",
+                "--gin_param=RunConfig.checkpoint_every_steps = 4",
+                "--gin_param=RunConfig.export_model = False"]
         uninterrupted = self.create_tempdir().full_path
         result = run_train(*args, workdir=uninterrupted)
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
@@ -141,7 +141,7 @@ class ResumeRefusalTest(tf.test.TestCase):
     def _refused(self, first, *refusals):
         """Trains `first`; then each `(args, expected)` of `refusals` is refused."""
         workdir = self.create_tempdir().full_path
-        result = run_train(*first, "--gin_param=train.export_model = False", workdir=workdir)
+        result = run_train(*first, "--gin_param=RunConfig.export_model = False", workdir=workdir)
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
         for second, expected in refusals:
             with self.subTest(expected=expected):
@@ -167,12 +167,12 @@ class ResumeRefusalTest(tf.test.TestCase):
     @pytest.mark.slow
     def test_any_change_of_privacy_parameters_or_key_is_refused(self):
         changes = [
-            ("train.l2_norm_clip = 2.0", "l2_norm_clip"),
-            ("train.noise_multiplier = 1.5", "noise_multiplier"),
-            ("train.delta = 1e-6", "delta"),
-            ("train.sampler = 'shuffle'", "sampler"),
-            ("train.logical_batch_size = 64", "sampling_rate"),
-            ("train.insecure_reproducible_seed = 1", "secret key.*insecure seed 1"),
+            ("PrivacyConfig.l2_norm_clip = 2.0", "l2_norm_clip"),
+            ("PrivacyConfig.noise_multiplier = 1.5", "noise_multiplier"),
+            ("PrivacyConfig.delta = 1e-6", "delta"),
+            ("PrivacyConfig.sampler = 'shuffle'", "sampler"),
+            ("OptimizationConfig.logical_batch_size = 64", "sampling_rate"),
+            ("PrivacyConfig.insecure_reproducible_seed = 1", "secret key.*insecure seed 1"),
         ]
         self._refused(TINY, *[([*TINY, f"--gin_param={binding}"], expected)
                               for binding, expected in changes])
@@ -190,7 +190,7 @@ class NonDpStatisticsTest(tf.test.TestCase):
     @pytest.mark.slow
     def test_labelled_where_they_appear_and_one_switch_turns_them_off(self):
         workdir = self.create_tempdir().full_path
-        result = run_train(*TINY, "--gin_param=train.export_model = False", workdir=workdir)
+        result = run_train(*TINY, "--gin_param=RunConfig.export_model = False", workdir=workdir)
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
         lines = result.stdout.splitlines()
         legend = [i for i, line in enumerate(lines) if "'| non-DP:'" in line]
@@ -221,8 +221,8 @@ class NonDpStatisticsTest(tf.test.TestCase):
         self.assertEqual({t for t in untagged if not t.startswith("non_dp/")}, set())
 
         workdir = self.create_tempdir().full_path
-        result = run_train(*TINY, "--gin_param=train.export_model = False",
-                           "--gin_param=train.report_non_dp_statistics = False", workdir=workdir)
+        result = run_train(*TINY, "--gin_param=RunConfig.export_model = False",
+                           "--gin_param=RunConfig.report_non_dp_statistics = False", workdir=workdir)
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
         for text in ("train_acc", "grad_norm", "clipped=", "per class", "non-DP"):
             self.assertNotIn(text, result.stdout)
@@ -242,9 +242,9 @@ class RelationTest(tf.test.TestCase):
 
     def test_shuffle_run_states_zero_out_and_replace_one(self):
         workdir = self.create_tempdir().full_path
-        result = run_train(*TINY, "--gin_param=train.export_model = False",
-                           "--gin_param=train.sampler = 'shuffle'",
-                           "--gin_param=train.report_non_dp_statistics = False", workdir=workdir)
+        result = run_train(*TINY, "--gin_param=RunConfig.export_model = False",
+                           "--gin_param=PrivacyConfig.sampler = 'shuffle'",
+                           "--gin_param=RunConfig.report_non_dp_statistics = False", workdir=workdir)
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
         with open(os.path.join(workdir, "summary.json")) as f:
             summary = json.load(f)

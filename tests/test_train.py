@@ -15,11 +15,11 @@ FINAL = re.compile(
     re.M,
 )
 QUICK = [
-    "--gin_param=train.dataset = 'digits'",
-    "--gin_param=train.epochs = 2",
-    "--gin_param=train.logical_batch_size = 128",
-    "--gin_param=train.physical_batch_size = 64",
-    "--gin_param=train.log_every_steps = 5",
+    "--gin_param=DataConfig.dataset = 'digits'",
+    "--gin_param=OptimizationConfig.epochs = 2",
+    "--gin_param=OptimizationConfig.logical_batch_size = 128",
+    "--gin_param=RunConfig.physical_batch_size = 64",
+    "--gin_param=RunConfig.log_every_steps = 5",
 ]
 
 
@@ -55,7 +55,7 @@ class TrainTest(tf.test.TestCase):
         self.assertEqual(ledger["steps"], int(match["steps"]))
         self.assertEqual(ledger["sampler"], "poisson")
         with open(os.path.join(workdir, "operative_config.gin")) as f:
-            self.assertIn("train.target_epsilon = 8.0", f.read())
+            self.assertIn("PrivacyConfig.target_epsilon = 8.0", f.read())
         # The prompt exit after the final line loses no TensorBoard event:
         # the last evaluation's test accuracy is on disk.
         steps = [
@@ -73,7 +73,7 @@ class TrainTest(tf.test.TestCase):
         self.assertNotIn("sensitivity probe", again.stdout)
 
         # Rerunning with more epochs resumes and keeps counting privacy.
-        longer = run_train(*QUICK, "--gin_param=train.epochs = 3", workdir=workdir)
+        longer = run_train(*QUICK, "--gin_param=OptimizationConfig.epochs = 3", workdir=workdir)
         self.assertNotEqual(longer.returncode, 0)  # σ was calibrated for 2 epochs.
         self.assertIn("another privacy configuration (noise_multiplier", longer.stderr)
 
@@ -91,8 +91,8 @@ class TrainTest(tf.test.TestCase):
     def test_budget_stops_before_exceeding_epsilon(self):
         workdir = self.create_tempdir().full_path
         result = run_train(
-            *QUICK, "--gin_param=train.noise_multiplier = 1.5",
-            "--gin_param=train.target_epsilon = 3.0", "--gin_param=train.epochs = 20",
+            *QUICK, "--gin_param=PrivacyConfig.noise_multiplier = 1.5",
+            "--gin_param=PrivacyConfig.target_epsilon = 3.0", "--gin_param=OptimizationConfig.epochs = 20",
             workdir=workdir,
         )
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
@@ -111,10 +111,10 @@ class TrainTest(tf.test.TestCase):
         for sampler, expected_steps in (("poisson", 23), ("shuffle", 22)):
             with self.subTest(sampler=sampler):
                 result = run_train(
-                    *QUICK, f"--gin_param=train.sampler = '{sampler}'",
-                    f"--gin_param=train.noise_multiplier = {sigma}",
-                    "--gin_param=train.target_epsilon = None",
-                    "--gin_param=train.export_model = False",
+                    *QUICK, f"--gin_param=PrivacyConfig.sampler = '{sampler}'",
+                    f"--gin_param=PrivacyConfig.noise_multiplier = {sigma}",
+                    "--gin_param=PrivacyConfig.target_epsilon = None",
+                    "--gin_param=RunConfig.export_model = False",
                     workdir=self.create_tempdir().full_path,
                 )
                 self.assertEqual(result.returncode, 0, result.stderr[-3000:])
@@ -132,10 +132,10 @@ class TrainTest(tf.test.TestCase):
     @pytest.mark.slow
     def test_bad_inputs_give_one_line_errors(self):
         cases = {
-            "train.l2_norm_clip = 0.0": "l2_norm_clip",
-            "train.noise_multiplier = -1.0": "noise_multiplier",
-            "train.delta = 1.0": "delta",
-            "train.logical_batch_size = 100000": "logical_batch_size",
+            "PrivacyConfig.l2_norm_clip = 0.0": "l2_norm_clip",
+            "PrivacyConfig.noise_multiplier = -1.0": "noise_multiplier",
+            "PrivacyConfig.delta = 1.0": "delta",
+            "OptimizationConfig.logical_batch_size = 100000": "logical_batch_size",
             "train.no_such_parameter = 3": "no_such_parameter",
         }
         for binding, needle in cases.items():
@@ -150,7 +150,7 @@ class TrainTest(tf.test.TestCase):
         self.assertIn("does_not_exist.gin", missing.stderr)
         bad = os.path.join(self.create_tempdir().full_path, "bad.gin")
         with open(bad, "w") as f:
-            f.write("train.epochs = = 3\n")
+            f.write("OptimizationConfig.epochs = = 3\n")
         result = run_train(f"--gin_file={bad}")
         self.assertEqual(result.returncode, 2)
         self.assertNotIn("Traceback", result.stderr)

@@ -23,10 +23,10 @@ from tfdp import privacy
 
 COMMON = [
     "--gin_param=load_dataset.image_size = 16",
-    "--gin_param=train.epochs = 2",
+    "--gin_param=OptimizationConfig.epochs = 2",
     "--gin_param=BATCH = 32",
-    "--gin_param=train.log_every_steps = 100",
-    "--gin_param=train.export_model = False",
+    "--gin_param=RunConfig.log_every_steps = 100",
+    "--gin_param=RunConfig.export_model = False",
 ]
 DATASET_LINE = re.compile(r"^dataset=\S+ N=(?P<n>\d+) sampler=poisson q=(?P<q>[0-9.]+) ", re.M)
 PRIVACY_LINE = re.compile(r"^privacy: sigma=(?P<sigma>[0-9.]+) ", re.M)
@@ -45,7 +45,7 @@ class TrainOnYourImagesTest(tf.test.TestCase):
 
     def _train(self, dataset, *extra):
         workdir = self.create_tempdir().full_path
-        result = run_train(f"--gin_param=train.dataset = '{dataset}'", *COMMON, *extra,
+        result = run_train(f"--gin_param=DataConfig.dataset = '{dataset}'", *COMMON, *extra,
                            workdir=workdir)
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
         with open(os.path.join(workdir, "summary.json")) as f:
@@ -79,8 +79,8 @@ class TrainOnYourImagesTest(tf.test.TestCase):
                      os.path.join(test_dir, "dog", "zz_copy.png")):
             shutil.copy(original, copy)
         out, summary, workdir = self._train(
-            f"folder:{root}", "--gin_param=train.validation_fraction = 0.2",
-            f"--gin_param=train.test_dataset = 'folder:{test_dir}'",
+            f"folder:{root}", "--gin_param=DataConfig.validation_fraction = 0.2",
+            f"--gin_param=DataConfig.test_dataset = 'folder:{test_dir}'",
         )
         # 100 files after the 3 corrupt ones (in "cat") and the 2 copies are
         # dropped; a stratified 0.2 (20) is held out of N.
@@ -151,7 +151,7 @@ class TrainOnYourImagesTest(tf.test.TestCase):
         np.savez(path, x_train=rng.integers(0, 256, (80, 16, 16), dtype=np.uint8),
                  y_train=np.arange(80) % 4)
         out, summary, workdir = self._train(f"npz:{path}",
-                                            "--gin_param=train.validation_fraction = 0.1")
+                                            "--gin_param=DataConfig.validation_fraction = 0.1")
         # No x_test: a stratified 0.2 is the test set (16), then 0.1 of the rest (7).
         self.assertIn("data: train N=57 validation=7 test=16 classes=4 input=(16, 16, 1)", out)
         self._check_epsilon(out, summary, 57)

@@ -22,7 +22,7 @@ args = sys.argv[1:]
 workdir = [a.split("=", 1)[1] for a in args if a.startswith("--workdir=")][-1]
 bindings = " ".join(a for a in args if a.startswith("--gin_param="))
 value = float(re.search(r"(?:NOISE|EPSILON|EPOCHS) = ([0-9.]+)", bindings).group(1))
-validation = "train.validation_fraction" in bindings
+validation = "DataConfig.validation_fraction" in bindings
 os.makedirs(workdir, exist_ok=True)
 with open(os.path.join(workdir, "summary.json"), "w") as f:
     json.dump({{"not_covered_by_epsilon": {{"validation_accuracy": 1 / (1 + abs(value - 1.0)) if validation else None}},
@@ -65,7 +65,7 @@ class SelectByValidationTest(tf.test.TestCase):
         self.assertEqual(final.count("epsilon="), 1)
 
     def test_runs_without_validation_are_an_error(self):
-        with self.assertRaisesRegex(ValueError, r"train.validation_fraction.*\['a'\]"):
+        with self.assertRaisesRegex(ValueError, r"DataConfig.validation_fraction.*\['a'\]"):
             tuning.select_by_validation({"a": _summary(None, 0.9), "b": _summary(0.5, 0.5)})
 
     def _sweep(self, script, env=None):
@@ -86,7 +86,7 @@ class SelectByValidationTest(tf.test.TestCase):
     def test_cifar_sweep_holds_out_validation_and_selects_on_it(self):
         root, out = self._sweep("sweep_cifar10_vgg.sh")
         with open(os.path.join(root, "workdir/cifar10_vgg_noise_0.5/flags.txt")) as f:
-            self.assertIn("train.validation_fraction = 0.1", f.read())
+            self.assertIn("DataConfig.validation_fraction = 0.1", f.read())
         # Validation peaks at NOISE = 1.0; test accuracy would have picked 1.5.
         self.assertIn("selected by validation accuracy: workdir/cifar10_vgg_noise_1.0 ", out)
         self.assertIn("final test_accuracy=0.0100", out)

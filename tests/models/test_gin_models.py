@@ -7,7 +7,7 @@ import gin
 import tensorflow as tf
 
 from tfdp import models  # noqa: F401 (registers the builders)
-from tfdp import train  # noqa: F401 (registers train.model_fn)
+from tfdp import train  # noqa: F401 (registers ModelConfig.model_fn)
 
 _FILES = sorted(glob.glob(os.path.join(
     os.path.dirname(__file__), os.pardir, os.pardir, "gin", "models", "*.gin")))
@@ -23,7 +23,7 @@ class GinModelsTest(tf.test.TestCase):
                     # The macro that pretrained.gin leaves to the including file.
                     gin.parse_config_files_and_bindings([path], ["PRETRAINED_WEIGHTS = None"])
                     with gin.unlock_config():
-                        model_fn = gin.query_parameter("train.model_fn")
+                        model_fn = gin.query_parameter("ModelConfig.model_fn")
                 finally:
                     gin.clear_config()
                 self.assertTrue(model_fn.selector.startswith("tfdp.models."), model_fn.selector)

@@ -172,7 +172,7 @@ class PretrainedGinTest(ModelTestCase):
     def test_the_trainer_s_model_fn_from_gin(self):
         import gin
 
-        from tfdp import train  # noqa: F401 (registers train.model_fn)
+        from tfdp import train  # noqa: F401 (registers ModelConfig.model_fn)
 
         source = _tiny_vit(5, _SHAPE)
         path = os.path.join(self.get_temp_dir(), "source.keras")
@@ -185,7 +185,7 @@ class PretrainedGinTest(ModelTestCase):
                 [f"PRETRAINED_WEIGHTS = '{path}'", "load_pretrained.model_fn = @tfdp.models.vit",
                  "vit.width = 32", "vit.depth = 1", "vit.num_heads = 2", "vit.mlp_dim = 64"])
             with gin.unlock_config():
-                model_fn = gin.query_parameter("train.model_fn")
+                model_fn = gin.query_parameter("ModelConfig.model_fn")
             self.assertEqual(model_fn.selector, "tfdp.models.pretrained")
             # As the trainer calls it.
             model = models.pretrained(num_classes=3, input_shape=_SHAPE)

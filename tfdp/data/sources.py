@@ -82,7 +82,7 @@ class ArraySource:
             0 … N_u − 1 in their sorted order; checked by
             `tfdp.validation.validate_user_ids`): the user who contributed
             each example, for user-level privacy
-            (`train.privacy_unit = 'user'`) and splits by user. Defaults to
+            (`PrivacyConfig.privacy_unit = 'user'`) and splits by user. Defaults to
             `None` (no users).
     """
 

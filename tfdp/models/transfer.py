@@ -400,10 +400,10 @@ def load_pretrained(
 
 @gin.configurable(module="tfdp.models")
 def pretrained(num_classes=1000, input_shape=(224, 224, 3), **kwargs):
-    """`load_pretrained`'s model, for `train.model_fn`; logs what was frozen.
+    """`load_pretrained`'s model, for `ModelConfig.model_fn`; logs what was frozen.
 
     Bind `load_pretrained`'s arguments in gin (`gin/models/pretrained.gin`):
-        train.model_fn = @tfdp.models.pretrained
+        ModelConfig.model_fn = @tfdp.models.pretrained
         load_pretrained.architecture = 'mobilenet_v2'
         load_pretrained.weights = '/data/weights/mobilenet_v2_notop.weights.h5'
 

@@ -54,7 +54,7 @@ def out_of_memory_as_error(logical_steps, physical_batch_size, logical_batch_siz
     except tf.errors.ResourceExhaustedError:
         raise MemoryError(
             f"Out of accelerator memory at physical batch {physical_batch_size}. Lower "
-            "train.physical_batch_size: virtual steps keep the logical batch "
+            "RunConfig.physical_batch_size: virtual steps keep the logical batch "
             f"({logical_batch_size}) and so the privacy guarantee unchanged."
         ) from None
 
@@ -116,3 +116,39 @@ def check_sensitivity(model, info, examples, *, l2_norm_clip, method, weight_dec
         f"(method={resolved}, physical batch of {int(batch[0].shape[0]) // k}, "
         f"{sensitivity.LEAVE_OUT} left out; {time.time() - start:.1f}s)")
     return figure
+
+
+def probe_settings(mechanism, *, method, weight_decay, augmentation_multiplicity, group_size):
+    """`check_sensitivity`'s keyword arguments for a run; None without a mechanism.
+
+    The probe leaves one privacy unit out: the K augmentations of an
+    example, or the k rows of a user.
+    """
+    if mechanism is None:
+        return None
+    return dict(l2_norm_clip=mechanism.l2_norm_clip, method=method, weight_decay=weight_decay,
+                augmentation_multiplicity=augmentation_multiplicity * group_size)
+
+
+def check_before_training(model, info, batching, settings):
+    """The checks of a private run before its first step; the adapted state's records.
+
+    Logs the state the model holds that ε does not cover
+    (`check_adapted_state`), and probes the sensitivity at the batch each
+    replica trains on (`check_sensitivity`).
+
+    Args:
+        model: keras.Model.
+        info: `tfdp.data.DatasetInfo`.
+        batching: `tfdp.training.run_plan.Batching`.
+        settings: dict or None. `probe_settings`; None (a non-private run)
+            checks nothing.
+
+    Returns:
+        `check_adapted_state`'s records, or None for a non-private run.
+    """
+    if settings is None:
+        return None
+    adapted = check_adapted_state(model)
+    check_sensitivity(model, info, batching.replica_batch_size // batching.group_size, **settings)
+    return adapted

@@ -12,10 +12,10 @@ from tfdp import distribute
 from tfdp import dp
 from tfdp.training import evaluation
 from tfdp.training import guards
+from tfdp.training import reporting
 
 
-def epoch_evaluation(model, data, ema, reporter, *, eval_batch_size, train_eval_examples,
-                     report_non_dp_statistics):
+def epoch_evaluation(model, data, ema, reporter, *, config):
     """`(step, epsilon, skipped_train) -> None`: evaluates the splits and reports.
 
     Args:
@@ -24,11 +24,13 @@ def epoch_evaluation(model, data, ema, reporter, *, eval_batch_size, train_eval_
         ema: `tfdp.optim.ParameterEMA` or None. Evaluated in place of the
             parameters when given.
         reporter: `tfdp.training.reporting.RunReporter`.
-        eval_batch_size: int.
-        train_eval_examples: int. Training examples evaluated (evenly
-            spaced) for the train loss and accuracy, not covered by ε.
-        report_non_dp_statistics: bool. False evaluates no training example.
+        config: `tfdp.training.RunConfig`. Its `eval_batch_size`, its
+            `train_eval_examples` (evaluated, evenly spaced, for the train
+            loss and accuracy, not covered by ε) and its
+            `report_non_dp_statistics` (False evaluates no training example).
     """
+    eval_batch_size, train_eval_examples = config.eval_batch_size, config.train_eval_examples
+    report_non_dp_statistics = config.report_non_dp_statistics
     evaluate = evaluation.make_evaluator(model, data.info.num_classes)
     test_stats = data_lib.DecodeStats()
 
@@ -64,8 +66,11 @@ def epoch_evaluation(model, data, ema, reporter, *, eval_batch_size, train_eval_
 
 
 def train_loop(strategy, step_fn, ema, state, plan, batching, data, reporter, evaluate_epoch,
-               *, seed, log_every_steps, checkpoint_every_steps):
+               *, seed, config):
     """Runs the logical steps from `state.start_step`; returns (the last step, ε).
+
+    A run with a target ε stops before the first step that would exceed it,
+    and says so.
 
     Args:
         strategy: `tf.distribute.Strategy`.
@@ -78,11 +83,13 @@ def train_loop(strategy, step_fn, ema, state, plan, batching, data, reporter, ev
         reporter: `tfdp.training.reporting.RunReporter`.
         evaluate_epoch: `epoch_evaluation`'s function.
         seed: int. The public seed of the augmentation.
-        log_every_steps: int. Progress line period.
-        checkpoint_every_steps: int or None. Defaults to once per epoch.
+        config: `tfdp.training.RunConfig`. Its `log_every_steps` (the
+            progress line period) and `checkpoint_every_steps` (None: once
+            per epoch).
     """
     ckpt, ledger, start_step = state.checkpoint, state.ledger, state.start_step
-    checkpoint_every = checkpoint_every_steps or plan.steps_per_epoch
+    log_every_steps = config.log_every_steps
+    checkpoint_every = config.checkpoint_every_steps or plan.steps_per_epoch
     end_step = plan.budget_steps
     # Undecodable training images are skipped (weight 0, no gradient) and counted.
     train_decode_stats = data_lib.DecodeStats()
@@ -139,4 +146,7 @@ def train_loop(strategy, step_fn, ema, state, plan, batching, data, reporter, ev
             ckpt.save(step, ledger)
     if evaluated_at != step:  # Nothing trained (or not since the last report).
         evaluate_epoch(step, epsilon, train_decode_stats.value())
+    if plan.budget_steps < plan.total_steps and step >= plan.budget_steps:
+        reporting.log(f"stopped at step {step}: one more step would exceed the budget "
+                      f"epsilon={plan.mechanism.target_epsilon} (epsilon now {epsilon:.3f}).")
     return step, epsilon

@@ -10,21 +10,20 @@ from tfdp.training import evaluation
 from tfdp.training import reporting
 
 
-def build_model(strategy, info, model_fn, *, mixed_precision, init_checkpoint,
-                freeze_sub_blocks, dry_run):
-    """`model_fn`'s model in the strategy's scope, initialised and frozen as asked.
+def build_model(strategy, info, config, *, mixed_precision, dry_run):
+    """`config.model_fn`'s model in the strategy's scope, initialised and frozen as asked.
 
     Args:
         strategy: `tf.distribute.Strategy`.
         info: `tfdp.data.DatasetInfo`. Classes and input shape.
-        model_fn: callable. `(num_classes=, input_shape=) -> keras.Model`.
+        config: `tfdp.training.ModelConfig`. The model function, the
+            checkpoint that initialises every layer but the head, and the
+            sub-blocks to freeze.
         mixed_precision: bool. Build under Keras' "mixed_bfloat16".
-        init_checkpoint: str or None. A `.keras` model whose weights
-            initialise every layer but the head.
-        freeze_sub_blocks: int. Freeze the first k of
-            `tfdp.models.FREEZABLE_SUB_BLOCKS`.
         dry_run: bool. A missing `init_checkpoint` is then only reported.
     """
+    model_fn, init_checkpoint = config.model_fn, config.init_checkpoint
+    freeze_sub_blocks = config.freeze_sub_blocks
     with strategy.scope(), distribute.precision_policy(mixed_precision):
         model = model_fn(num_classes=info.num_classes, input_shape=tuple(info.image_shape))
     if init_checkpoint:
@@ -52,6 +51,22 @@ def make_schedule(lr_schedule, *, base_lr, logical_batch_size, total_steps, warm
     raise ValueError(
         f"lr_schedule must be 'cosine' or 'constant'. Received: lr_schedule={lr_schedule!r}"
     )
+
+
+def make_optimizer(config, plan):
+    """`config.optimizer_fn`'s optimizer, its learning rate scheduled over `plan`'s steps.
+
+    Args:
+        config: `tfdp.training.OptimizationConfig`.
+        plan: `tfdp.training.run_plan.RunPlan`. The planned steps.
+    """
+    warmup_steps = min(int(round(config.warmup_epochs * plan.sampler.steps_per_epoch)),
+                       plan.total_steps - 1)
+    schedule = make_schedule(
+        config.lr_schedule, base_lr=config.base_lr,
+        logical_batch_size=config.logical_batch_size, total_steps=plan.total_steps,
+        warmup_steps=warmup_steps)
+    return (config.optimizer_fn or optim.make_optimizer)(learning_rate=schedule)
 
 
 def make_train_step(model, optimizer, plan, batching, *, method, weight_decay, seed,

@@ -6,44 +6,6 @@ from tfdp.data import batch_padding
 from tfdp.dp import user_groups
 from tfdp.training import reporting
 
-PRIVACY_UNITS = ("example", "user")
-
-
-def check_privacy_unit(privacy_unit, max_examples_per_user, sampler, private):
-    """k, the rows of one privacy unit (1 per example); a clear error for bad settings.
-
-    Args:
-        privacy_unit: str. "example" or "user".
-        max_examples_per_user: int or None. k, for "user".
-        sampler: str. `train.sampler`.
-        private: bool. `train.private`.
-
-    Raises:
-        ValueError: for an unknown unit, or settings that do not fit it.
-    """
-    if privacy_unit not in PRIVACY_UNITS:
-        raise ValueError(f"privacy_unit must be one of {PRIVACY_UNITS}. "
-                         f"Received: privacy_unit={privacy_unit!r}")
-    if privacy_unit == "example":
-        if max_examples_per_user is not None:
-            raise ValueError(
-                "max_examples_per_user applies to privacy_unit='user' only. Received: "
-                f"privacy_unit='example', max_examples_per_user={max_examples_per_user!r}")
-        return 1
-    if not private:
-        raise ValueError("privacy_unit='user' is for private training. Received: private=False")
-    if sampler != "poisson":
-        raise ValueError(
-            "privacy_unit='user' draws users by Poisson sampling (sampler='poisson'). "
-            f"Received: sampler={sampler!r}")
-    if (isinstance(max_examples_per_user, bool) or not isinstance(max_examples_per_user, int)
-            or max_examples_per_user < 1):
-        raise ValueError(
-            "privacy_unit='user' needs max_examples_per_user, a positive integer: the most "
-            "examples of one user in a step. Received: "
-            f"max_examples_per_user={max_examples_per_user!r}")
-    return max_examples_per_user
-
 
 def user_sampler(train_source, *, users_per_step, physical_batch_size, k, replicas,
                  pad_granule):
@@ -56,7 +18,7 @@ def user_sampler(train_source, *, users_per_step, physical_batch_size, k, replic
         k: int. `max_examples_per_user`.
         replicas: int. Replicas in sync: each clips its share of a batch,
             so a user's block of k rows must not straddle two.
-        pad_granule: int, "auto" or None. As `train.pad_granule`.
+        pad_granule: int, "auto" or None. As `RunConfig.pad_granule`.
     """
     if physical_batch_size % (replicas * k):
         raise ValueError(

@@ -81,8 +81,8 @@ def held_out_warning(held_out):
     if not held_out:
         return None
     sizes = " and ".join(f"{size} {name}" for name, size in held_out.items())
-    fixes = {"test": "set train.test_dataset to a separate test set",
-             "validation": "set train.validation_fraction = 0"}
+    fixes = {"test": "set DataConfig.test_dataset to a separate test set",
+             "validation": "set DataConfig.validation_fraction = 0"}
     fix = " and ".join(fixes[name] for name in held_out)
     return (f"the {sizes} examples held out of the training data are NOT protected by "
             "epsilon: they are private data evaluated without noise every epoch, and their "
@@ -408,3 +408,24 @@ class RunReporter:
         privacy = "(non-private)" if delta is None else f"delta={delta:g}"
         log(f"final: {prefix}{test}epsilon={epsilon:.4f} {privacy} steps={steps}")
         return summary
+
+
+def make_run_reporter(out_dir, plan, state, data, *, adapted_state, report_non_dp_statistics):
+    """The `RunReporter` of a run about to train.
+
+    Args:
+        out_dir: str. This worker's output directory.
+        plan: `tfdp.training.run_plan.RunPlan`. Steps, δ.
+        state: `tfdp.training.resume.RunState`. The ledger and the step
+            training starts from.
+        data: `tfdp.training.run_data.RunData`. What was held out, dropped
+            and prepared.
+        adapted_state: list or None. `guards.check_adapted_state`'s records.
+        report_non_dp_statistics: bool. As `RunConfig.report_non_dp_statistics`.
+    """
+    return RunReporter(
+        out_dir, steps_per_epoch=plan.sampler.steps_per_epoch, total_steps=plan.total_steps,
+        delta=plan.delta, ledger=state.ledger, start_step=state.start_step,
+        report_non_dp_statistics=report_non_dp_statistics, held_out=data.held_out,
+        duplicates_dropped=data.duplicates_dropped, data_preparation=data.preparation(),
+        adapted_state=adapted_state)

@@ -1,4 +1,4 @@
-"""The trainer's data stage: the splits of `train.dataset`, read once and logged."""
+"""The trainer's data stage: the splits of `DataConfig.dataset`, read once and logged."""
 
 import dataclasses
 
@@ -53,15 +53,25 @@ class RunData:
         }
 
 
-def load_run_data(dataset, *, data_dir, seed, validation_fraction, test_dataset, dry_run,
-                  report_non_dp_statistics, privacy_unit="example"):
-    """The splits of `dataset` (`tfdp.data.load_dataset`), with the data lines logged.
+def load_run_data(config, *, seed, dry_run, report_non_dp_statistics, privacy_unit="example"):
+    """The splits of `config.dataset` (`tfdp.data.load_dataset`), with the data lines logged.
 
     A dry run of a catalog dataset reads no data: it runs on mock data of the
     catalog's shapes, and says whether the real run would find its data.
-    `privacy_unit` ("example" or "user") decides which exact duplicates of
-    `npz:` and `tfrecord:` data are refused (`tfdp.data.duplicates`).
+
+    Args:
+        config: `tfdp.training.DataConfig`. The dataset, its directory, the
+            validation fraction and the test set.
+        seed: int. The public seed of the splits.
+        dry_run: bool. Mock data of a catalog dataset's shapes.
+        report_non_dp_statistics: bool. Log the class counts and other
+            figures not covered by epsilon.
+        privacy_unit: str. "example" or "user": decides which exact
+            duplicates of `npz:` and `tfrecord:` data are refused
+            (`tfdp.data.duplicates`). Defaults to "example".
     """
+    dataset, data_dir = config.dataset, config.data_dir
+    validation_fraction = config.validation_fraction
     if dry_run and dataset in data_lib.CATALOG:
         if dataset not in sources.OFFLINE_DATASETS:
             prepared, message = sources.tfds_preparation_status(dataset, data_dir)
@@ -72,7 +82,8 @@ def load_run_data(dataset, *, data_dir, seed, validation_fraction, test_dataset,
                        info=data_lib.DatasetInfo(dataset, entry.num_classes, entry.image_shape))
     loaded = data_lib.load_dataset(dataset, data_dir=data_dir, seed=seed,
                                    validation_fraction=validation_fraction,
-                                   test_dataset=test_dataset, privacy_unit=privacy_unit)
+                                   test_dataset=config.test_dataset,
+                                   privacy_unit=privacy_unit)
     held_out = {name: len(getattr(loaded, name)) for name in ("test", "validation")
                 if getattr(loaded, f"{name}_held_out")}
     reporting.data_lines(

@@ -89,7 +89,7 @@ class RunPlan:
 
     Args:
         sampler: `tfdp.samplers.Sampler`.
-        total_steps: int. Logical steps planned for `train.epochs`.
+        total_steps: int. Logical steps planned for `OptimizationConfig.epochs`.
         mechanism: `tfdp.DPSGD` or None (non-private).
         resume_point: `resume.ResumePoint` or None: the checkpoint to
             continue, already checked against this contract.
@@ -138,7 +138,7 @@ def make_run_plan(sampler, *, epochs, key, workdir, read_checkpoint, mechanism_f
 
     Args:
         sampler: `tfdp.samplers.Sampler`.
-        epochs: float. `train.epochs`.
+        epochs: float. `OptimizationConfig.epochs`.
         key: `SecretKey`. The key a fresh run asks for (`requested_key`).
         workdir: str. Where the checkpoints are.
         read_checkpoint: bool. False (a dry run) ignores any checkpoint.
@@ -156,6 +156,45 @@ def make_run_plan(sampler, *, epochs, key, workdir, read_checkpoint, mechanism_f
                    ledger=mechanism.ledger() if mechanism is not None else None)
 
 
+def plan_run(train_source, strategy, *, privacy, optimization, run, workdir, read_checkpoint):
+    """The run's `RunPlan` and `Batching`, from its configs.
+
+    The privacy contract: from here on, C, σ, δ, the sampler and the key are
+    read from the plan's mechanism alone. A resumed run continues the
+    checkpoint's key once the checkpoint's privacy record is this run's.
+
+    Args:
+        train_source: the training data.
+        strategy: `tf.distribute.Strategy`. Its replicas split the batches.
+        privacy: `tfdp.training.PrivacyConfig`. The privacy request, the
+            sampler, the privacy unit and the key.
+        optimization: `tfdp.training.OptimizationConfig`. The logical batch
+            and the epochs.
+        run: `tfdp.training.RunConfig`. The physical batch (None: the
+            logical batch, in rows) and the padding granule.
+        workdir: str. Where the checkpoints are.
+        read_checkpoint: bool. False (a dry run) ignores any checkpoint.
+
+    Returns:
+        A tuple `(RunPlan, Batching)`.
+    """
+    group_size = privacy.group_size
+    batching = make_batching(
+        train_source, sampler=privacy.sampler, privacy_unit=privacy.privacy_unit,
+        group_size=group_size, logical_batch_size=optimization.logical_batch_size,
+        physical_batch_size=(run.physical_batch_size
+                             or optimization.logical_batch_size * group_size),
+        pad_granule=run.pad_granule, replicas=strategy.num_replicas_in_sync)
+    request = privacy.dpsgd_config
+    plan = make_run_plan(
+        batching.sampler, epochs=optimization.epochs, workdir=workdir,
+        read_checkpoint=read_checkpoint,
+        key=requested_key(strategy, privacy.insecure_reproducible_seed),
+        mechanism_fn=None if request is None else lambda steps, key: make_mechanism(
+            request, batching.sampler, steps=steps, key=key))
+    return plan, batching
+
+
 def clipping_plan_headline(clipping_plan, path):
     """One line of a `tfdp.dp.DPPlan`: the method, the rules, the memory, the table's file."""
     rules = {}
@@ -167,14 +206,23 @@ def clipping_plan_headline(clipping_plan, path):
             f"{clipping_plan.memory_bytes / 2**20:.1f} MiB; per-layer table in {path}")
 
 
-def make_clipping_plan(model, batching, info, clipping_method, memory_budget_mb=None):
-    """The run's `tfdp.dp.DPPlan` at the batch one replica sees.
+def make_clipping_plan(model, batching, info, privacy):
+    """The run's `tfdp.dp.DPPlan` at the batch one replica sees; None when non-private.
 
-    Its `method` is the one training uses: `clipping_method`, with "auto"
-    resolved (under `memory_budget_mb`, the fastest method that fits it).
+    Its `method` is the one training uses: `privacy.clipping_method`, with
+    "auto" resolved (under `privacy.clipping_memory_budget_mb`, the fastest
+    method that fits it).
+
+    Args:
+        model: keras.Model.
+        batching: `Batching`.
+        info: `tfdp.data.DatasetInfo`.
+        privacy: `tfdp.training.PrivacyConfig`.
     """
-    return dp.plan(model, info.image_shape, batching.replica_batch_size, clipping_method,
-                   memory_budget_mb=memory_budget_mb)
+    if not privacy.private:
+        return None
+    return dp.plan(model, info.image_shape, batching.replica_batch_size, privacy.clipping_method,
+                   memory_budget_mb=privacy.clipping_memory_budget_mb)
 
 
 def log_run_plan(model, plan, batching, *, dataset, clipping_plan, out_dir):

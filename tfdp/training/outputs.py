@@ -1,0 +1,52 @@
+"""The trainer's last stage: what a finished run writes into its workdir."""
+
+import os
+
+import gin
+
+from tfdp import report
+from tfdp.training import model_setup
+from tfdp.training import privacy_unit as privacy_unit_lib
+from tfdp.training import reporting
+
+
+def write_outputs(out_dir, model, ema, reporter, plan, state, data, *, steps, epsilon,
+                  config):
+    """The operative config, the exported model, `summary.json` and `report.html`.
+
+    Args:
+        out_dir: str. This worker's output directory.
+        model: keras.Model. The trained model.
+        ema: `tfdp.optim.ParameterEMA` or None. Exported in place of the
+            parameters when given.
+        reporter: `tfdp.training.reporting.RunReporter`. Writes the summary.
+        plan: `tfdp.training.run_plan.RunPlan`.
+        state: `tfdp.training.resume.RunState`. Its ledger has every step.
+        data: `tfdp.training.run_data.RunData`.
+        steps: int. The steps taken.
+        epsilon: float. ε spent.
+        config: `tfdp.training.RunConfig`. Its `export_model` and
+            `write_html_report`.
+
+    Returns:
+        The summary dict (`summary.json`).
+    """
+    with open(os.path.join(out_dir, "operative_config.gin"), "w") as f:
+        f.write(gin.operative_config_str())
+    if config.export_model:
+        model_setup.export_model(model, ema, out_dir)
+    mechanism, key = plan.mechanism, plan.key
+    summary = reporter.summary(
+        epsilon=epsilon, delta=plan.delta, steps=steps,
+        noise_multiplier=mechanism.noise_multiplier if mechanism else 0.0,
+        dataset_size=plan.sampler.dataset_size, validation_size=len(data.validation or []),
+        privacy_guarantee=reporting.guarantee_statement(state.ledger, key),
+        not_private=(None if mechanism is None or key.is_secret else
+                     f"insecure_reproducible_seed={key.insecure_seed}: epsilon does not "
+                     "hold against anyone who knows the seed"),
+        privacy_unit=privacy_unit_lib.privacy_unit_summary(
+            state.ledger, steps, plan.sampler.group_size),
+    )
+    if config.write_html_report:
+        reporting.log(f"report: {report.write_report(out_dir)}")
+    return summary
