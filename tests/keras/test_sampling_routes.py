@@ -17,6 +17,7 @@ import tensorflow as tf
 import tfdp
 from tests.keras import keras_test_case as ktc
 from tfdp.dp import private_step
+from tfdp.keras import fit_plan
 
 
 SEED = 0
@@ -176,8 +177,8 @@ class AccountingTest(ktc.KerasTestCase):
         ]:
             with self.subTest(**plan):
                 optimizer = tfdp.DPOptimizer("sgd", 1.0, 1.0, delta=1e-5, **dp_kwargs)
-                optimizer.plan_fit(dataset_size=60000 if plan["arrays"] else None,
-                                   physical_batch_size=256, **plan)
+                fit_plan.plan_fit(optimizer, dataset_size=60000 if plan["arrays"] else None,
+                                  physical_batch_size=256, **plan)
                 epsilon = optimizer.ledger(steps=steps).epsilon()
                 self.assertAllClose(epsilon, per_pass)
                 self.assertNotAllClose(epsilon, sampled)
@@ -353,8 +354,8 @@ class SavedFileTest(ktc.KerasTestCase):
         def save_mid_step(batch, logs):
             if batch == 0:  # The first of the step's two batches.
                 dp.save(path)
-                seen["sums"] = [a.numpy() for a in dp.optimizer._accumulators]
-                seen["micro_step"] = int(dp.optimizer._micro_step.numpy())
+                seen["sums"] = [a.numpy() for a in dp.optimizer.logical_step.accumulators]
+                seen["micro_step"] = int(dp.optimizer.logical_step.micro_step.numpy())
 
         dp.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0,
                callbacks=[keras.callbacks.LambdaCallback(on_train_batch_end=save_mid_step)])

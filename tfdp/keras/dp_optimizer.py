@@ -2,23 +2,14 @@
 
 A `DPOptimizer` wraps any Keras 3 optimizer with a `tfdp.DPSGD` mechanism
 (C, σ, the sampler, δ, the accountant and the secret key) and the state of a
-logical step. It is only a half of DP-SGD: the per-example clipping happens
-in the train step of a private model (`tfdp.make_private` / `tfdp.DPModel`),
-which hands it clipped gradient sums. Its stages, in order:
-
-1. `accumulate_clipped_sum`: adds a physical batch's clipped sum to the
-   logical step's;
-2. `noisy_mean` (at the end of a logical step): adds Gaussian noise of std
-   σ·C once and divides by the public expected batch size B, with the
-   mechanism's shared `tfdp.dp.noisy_aggregator.NoisyAggregator` (the same
-   code as the trainer's);
-3. the wrapped optimizer's update, unless the budget or a stream's pass
-   count refuses the step (`tfdp.keras.privacy_account.PrivacyAccount`).
-
-Which mechanism a `fit` runs under is `tfdp.keras.mechanism_builder`'s
-concern. Its own `apply` and `apply_gradients` always raise, so that a model
-whose default Keras `train_step` would apply plain (unclipped, noiseless)
-gradients fails loudly instead of training non-privately.
+logical step (`tfdp.keras.private_update.LogicalStep`). It is only a half of
+DP-SGD: the per-example clipping, accumulation, noise and update happen in
+the train step of a private model (`tfdp.make_private` / `tfdp.DPModel`),
+through `tfdp.keras.private_update`. Which mechanism a `fit` runs under is
+`tfdp.keras.mechanism_builder`'s concern. Its own `apply` and
+`apply_gradients` always raise, so that a model whose default Keras
+`train_step` would apply plain (unclipped, noiseless) gradients fails
+loudly instead of training non-privately.
 
 What is saved: `iterations` (the wrapped optimizer's step counter, i.e. the
 noisy updates taken), the wrapped optimizer's slots and the count of passes
@@ -33,13 +24,12 @@ one, unreleased, at each epoch start), and Keras resumes at an epoch start.
 
 
 import keras
-import tensorflow as tf
 from keras.src.utils import tracking
 
-from tfdp import distribute
-from tfdp import privacy
-from tfdp.dp import clipping
+from tfdp.keras import fit_ledger
 from tfdp.keras import mechanism_builder as mechanism_builder_lib
+from tfdp.keras import optimizer_arguments
+from tfdp.keras import private_update
 from tfdp.keras import privacy_account as privacy_account_lib
 
 _NOT_PLAIN = (
@@ -50,6 +40,11 @@ _NOT_PLAIN = (
     "`model = tfdp.make_private(model)` (or build a `tfdp.DPModel`), then "
     "compile it with the DPOptimizer."
 )
+
+
+def _request_property(name, doc):
+    """A read-only property: the mechanism builder's `name` (the request, or the fit's)."""
+    return property(lambda self: getattr(self.mechanism_builder, name), doc=doc)
 
 
 @keras.saving.register_keras_serializable(package="tfdp")
@@ -71,44 +66,16 @@ class DPOptimizer(keras.optimizers.Optimizer):
     model.fit(x, y, batch_size=250, epochs=15)  # Poisson batches, q = 250/N.
     ```
 
-    or with a mechanism built beforehand (e.g. calibrated to a target ε):
-
-    ```python
-    mechanism = tfdp.DPSGD(1.0, target_epsilon=3.0, steps=15 * len(x) // 250,
-                           sampler=tfdp.samplers.make_sampler(
-                               "poisson", dataset_size=len(x), logical_batch_size=250))
-    model.compile(optimizer=tfdp.DPOptimizer("sgd", mechanism=mechanism), ...)
-    ```
-
-    or, to protect all the examples of each user (user-level DP):
-
-    ```python
-    optimizer = tfdp.DPOptimizer("sgd", 1.0, 1.1, privacy_unit="user",
-                                 max_examples_per_user=4)
-    model.fit(x, y, user_ids=user_of_each_example, batch_size=64)
-    ```
+    docs/KERAS.md shows it with a mechanism built beforehand (e.g.
+    calibrated to a target ε) and with user-level privacy.
 
     Each logical (noisy) step sums its privacy units' clipped gradients over
     one or more `fit` batches, adds Gaussian noise of std σ·C once, divides
     by the public expected logical batch size B and updates the wrapped
-    optimizer once; `iterations` counts these steps. How the steps are
-    drawn (see `DPModel.fit` and docs/KERAS.md):
-
-    - arrays with `sampler="poisson"` (the default for arrays): each step
-      holds each example independently with probability q = B/N, drawn with
-      the mechanism's secret sampling key, in `fit` batches of
-      `batch_size` padded with weight-0 examples; accounted with
-      amplification by sampling;
-    - arrays with `sampler="shuffle"`, or `fit(shuffle=False)`: N // B steps
-      of exactly B examples per pass, in a secret random (or the arrays')
-      order; a tf.data input: the dataset's own batches, k per step, a step
-      never spanning two epochs. Accounted with no amplification (one
-      Gaussian mechanism per pass), which holds for any order;
-    - arrays with `privacy_unit="user"`: each step holds each user
-      independently with probability q = B/N (N users, B the expected users
-      per step), each drawn user with at most `max_examples_per_user` of
-      their examples, whose mean gradient is clipped to C as one vector;
-      accounted with amplification, for adding or removing one user's data.
+    optimizer once; `iterations` counts these steps. How `fit` draws the
+    steps (Poisson or shuffled batches of arrays, a stream's batches,
+    Poisson-sampled users) and accounts them is in `DPModel.fit` and
+    docs/KERAS.md.
 
     Args:
         optimizer: `keras.optimizers.Optimizer` (or its identifier, e.g.
@@ -166,9 +133,8 @@ class DPOptimizer(keras.optimizers.Optimizer):
             logical step, chosen at random with the secret key (the others
             sit that step out). The `fit` batch size must be a multiple of
             it. Defaults to `None`.
-        num_microbatches: must be `None`. tfdp always clips per example
-            (TF-Privacy's `num_microbatches == batch_size`); use
-            `gradient_accumulation_steps` for virtual steps.
+        num_microbatches: must be `None`: each privacy unit is clipped
+            alone; use `gradient_accumulation_steps` for virtual steps.
         name: str or None. Optimizer name.
     """
 
@@ -194,43 +160,10 @@ class DPOptimizer(keras.optimizers.Optimizer):
         name=None,
         **kwargs,
     ):
-        if "seed" in kwargs:
-            raise ValueError(
-                "DPOptimizer takes no `seed`: the noise comes from a secret key "
-                "drawn from the OS's entropy, so that no one who knows the "
-                "configuration can subtract it. For tests only, pass "
-                "`insecure_reproducible_seed=`. "
-                f"Received: seed={kwargs['seed']!r}"
-            )
-        if kwargs:
-            raise ValueError(
-                "DPOptimizer does not take base optimizer arguments; set them "
-                f"on the wrapped optimizer. Received: {sorted(kwargs)}"
-            )
-        if num_microbatches is not None:
-            raise ValueError(
-                "tfdp always clips per example (num_microbatches equal to the "
-                "batch size). For several batches per noisy update use "
-                "`gradient_accumulation_steps`. "
-                f"Received: num_microbatches={num_microbatches}"
-            )
-        optimizer = keras.optimizers.get(optimizer)
-        if isinstance(optimizer, DPOptimizer):
-            raise ValueError("DPOptimizer cannot wrap another DPOptimizer.")
-        if getattr(optimizer, "gradient_accumulation_steps", None):
-            raise ValueError(
-                "Set virtual steps on the DPOptimizer "
-                "(`gradient_accumulation_steps=`), not on the wrapped "
-                "optimizer, whose accumulation would average noisy updates. "
-                "Received: optimizer.gradient_accumulation_steps="
-                f"{optimizer.gradient_accumulation_steps}"
-            )
+        optimizer = optimizer_arguments.check(
+            optimizer, kwargs, wrapper_class=DPOptimizer, num_microbatches=num_microbatches,
+            gradient_accumulation_steps=gradient_accumulation_steps, method=method)
         k = gradient_accumulation_steps
-        if not (isinstance(k, int) and not isinstance(k, bool) and k >= 1):
-            raise ValueError(
-                "gradient_accumulation_steps must be an int >= 1. "
-                f"Received: gradient_accumulation_steps={k}"
-            )
         builder = mechanism_builder_lib.MechanismBuilder(
             l2_norm_clip, noise_multiplier, mechanism=mechanism,
             expected_batch_size=expected_batch_size,
@@ -239,11 +172,6 @@ class DPOptimizer(keras.optimizers.Optimizer):
             privacy_unit=privacy_unit, max_examples_per_user=max_examples_per_user,
             gradient_accumulation_steps=k,
         )
-        if method not in clipping.METHODS:
-            raise ValueError(
-                f"Unknown clipping method. Expected one of {clipping.METHODS}. "
-                f"Received: method={method!r}"
-            )
         super().__init__(learning_rate=0.0, name=name)
         self.inner_optimizer = optimizer
         self.accumulation_steps = k
@@ -251,38 +179,33 @@ class DPOptimizer(keras.optimizers.Optimizer):
         self.weight_decay = float(weight_decay)
         self.mechanism_builder = builder
         self.account = privacy_account_lib.PrivacyAccount()
-        # The logical step in progress, deliberately not optimizer variables
-        # (never saved): its physical batches so far, and the first step of
-        # this epoch (read by the array pipelines). Under a strategy every
-        # replica counts its own batches alike, with no communication.
-        self._micro_step = distribute.replica_local_variable(
-            tf.constant(0, tf.int64), "dp_micro_step", aggregation="first")
-        self._epoch_first_step = distribute.replica_local_variable(
-            tf.constant(0, tf.int64), "dp_epoch_first_step", aggregation="first")
+        # The logical step in progress: deliberately not optimizer variables
+        # (never saved).
+        self.logical_step = private_update.LogicalStep(self)
 
-    # ------------------------------------------------------------------
-    # The privacy contract (read from the mechanism).
-    # ------------------------------------------------------------------
+    l2_norm_clip = _request_property(
+        "l2_norm_clip", "C, the mechanism's clipping bound.")
+    noise_multiplier = _request_property(
+        "noise_multiplier", "σ, the mechanism's noise multiplier.")
+    accountant = _request_property(
+        "accountant", 'The mechanism\'s accountant ("rdp" or "pld").')
+    expected_batch_size = _request_property(
+        "expected_batch_size", "B as asked for (privacy units per step), or None: from `fit`.")
+    dataset_size = _request_property(
+        "dataset_size", "N as asked for (privacy units), or None: from `fit`'s arrays.")
+    sampler = _request_property(
+        "sampler", "The sampler name asked for, or None: the route's default.")
+    privacy_unit = _request_property(
+        "privacy_unit", 'What ε protects: "example", or "user" (all of one user\'s data).')
+    max_examples_per_user = _request_property(
+        "max_examples_per_user", 'k under `privacy_unit="user"`, else None.')
+    fit_plan = _request_property(
+        "fit_plan", 'The `tfdp.keras.fit_plan.FitPlan` of the last `fit`, or None.')
 
     @property
     def mechanism(self):
         """The `tfdp.DPSGD` of the last `fit` (or the one given); None before."""
         return self.mechanism_builder.current
-
-    @property
-    def l2_norm_clip(self):
-        """C, the mechanism's clipping bound."""
-        return self.mechanism_builder.l2_norm_clip
-
-    @property
-    def noise_multiplier(self):
-        """σ, the mechanism's noise multiplier."""
-        return self.mechanism_builder.noise_multiplier
-
-    @property
-    def accountant(self):
-        """The mechanism's accountant ("rdp" or "pld")."""
-        return self.mechanism_builder.accountant
 
     @property
     def delta(self):
@@ -301,31 +224,6 @@ class DPOptimizer(keras.optimizers.Optimizer):
         return self.mechanism_builder.secret_key.derive("sampling")
 
     @property
-    def expected_batch_size(self):
-        """B as asked for (privacy units per logical step), or None: from `fit`."""
-        return self.mechanism_builder.expected_batch_size
-
-    @property
-    def dataset_size(self):
-        """N as asked for (privacy units), or None: from `fit`'s arrays."""
-        return self.mechanism_builder.dataset_size
-
-    @property
-    def sampler(self):
-        """The sampler name asked for, or None: the route's default."""
-        return self.mechanism_builder.sampler
-
-    @property
-    def privacy_unit(self):
-        """What ε protects: "example", or "user" (all of one user's data)."""
-        return self.mechanism_builder.privacy_unit
-
-    @property
-    def max_examples_per_user(self):
-        """k under `privacy_unit="user"`, else None."""
-        return self.mechanism_builder.max_examples_per_user
-
-    @property
     def logical_batch_size(self):
         """B (the divisor) of the mechanism in use, or None before `fit`."""
         if self.mechanism_builder.fit_plan is None:
@@ -333,32 +231,20 @@ class DPOptimizer(keras.optimizers.Optimizer):
         return self.mechanism.expected_batch_size
 
     @property
-    def fit_plan(self):
-        """The `tfdp.keras.fit_plan.FitPlan` of the last `fit`, or None."""
-        return self.mechanism_builder.fit_plan
-
-    @property
     def group_size(self):
         """Rows of one privacy unit in a physical batch (k for users, else 1)."""
         plan = self.fit_plan
         return 1 if plan is None else plan.group_size
 
-    def has_replica_local_state(self):
-        """Whether the step's state has one copy per replica of the strategy in scope.
+    def clipping_groups(self, x, batch_size=None):
+        """`(x, rows)`: the batch `x`, and its consecutive rows clipped as one unit.
 
-        True on one replica; under a multi-replica strategy only for an
-        optimizer created inside its scope.
+        One row per example; under `privacy_unit="user"` a user's block of
+        `max_examples_per_user` rows (`group_size`). A subclass that clips
+        other groups of rows (knowing the `fit` `batch_size`) also sets
+        `sensitivity`.
         """
-        return distribute.is_replica_local(self._micro_step)
-
-    @property
-    def epoch_first_step(self):
-        """The int64 variable holding this epoch's first logical step."""
-        return self._epoch_first_step
-
-    # ------------------------------------------------------------------
-    # Variables and delegation.
-    # ------------------------------------------------------------------
+        return x, self.group_size
 
     @tracking.no_automatic_dependency_tracking
     def build(self, var_list):
@@ -367,14 +253,11 @@ class DPOptimizer(keras.optimizers.Optimizer):
             shape=(), dtype="int", initializer="zeros", name="dp_passes"
         )
         self.account.build(self.passes)
-        # Un-noised clipped sums: plain variables, not in `self.variables`,
-        # so never written to a `.keras` file, weights or a Keras checkpoint.
-        # Under a strategy each replica sums its own rows (as the trainer's
-        # `PrivateTrainStep`); the optimizer's all-reduce adds them up.
-        self._accumulators = [
-            distribute.replica_local_variable(tf.zeros(v.shape, v.dtype), "dp_accumulator")
-            for v in var_list
-        ]
+        # Un-noised clipped sums, never written to a `.keras` file, weights or
+        # a Keras checkpoint. Under a strategy each replica sums its own rows
+        # (as the trainer's `PrivateTrainStep`); the optimizer's all-reduce
+        # adds them up.
+        self.logical_step.build(var_list)
         self.inner_optimizer.build(var_list)
         super().build(var_list)
 
@@ -401,10 +284,6 @@ class DPOptimizer(keras.optimizers.Optimizer):
     def scale_loss(self, loss):
         return loss
 
-    # ------------------------------------------------------------------
-    # Never a plain optimizer.
-    # ------------------------------------------------------------------
-
     def apply_gradients(self, grads_and_vars):
         raise RuntimeError(_NOT_PLAIN)
 
@@ -414,50 +293,10 @@ class DPOptimizer(keras.optimizers.Optimizer):
     def stateless_apply(self, optimizer_variables, grads, trainable_variables):
         raise RuntimeError(_NOT_PLAIN)
 
-    # ------------------------------------------------------------------
-    # The mechanism of a fit call.
-    # ------------------------------------------------------------------
-
-    def plan_fit(self, *, arrays, dataset_size=None, physical_batch_size=None, shuffle=True,
-                 user_ids=None):
-        """Fixes the mechanism and the batches of a `fit` call (eager).
-
-        Args:
-            arrays: bool. Whether `fit` got arrays (random access), which
-                tfdp batches itself; else a stream of the user's batches.
-            dataset_size: int or None. N of the arrays, in privacy units
-                (their number of users under `privacy_unit="user"`).
-            physical_batch_size: int or None. The `fit` batch size.
-            shuffle: bool. `fit(shuffle=...)`.
-            user_ids: int array `[n]` or None. Each example's user, in
-                [0, N), under `privacy_unit="user"`.
-
-        Returns:
-            A `tfdp.keras.fit_plan.FitPlan`.
-
-        Raises:
-            ValueError: for a streamed input with a sampler that needs random
-                access, for `shuffle=False` with an amplified sampler, for
-                missing sizes or user ids.
-        """
-        plan = self.mechanism_builder.plan(
-            arrays=arrays, dataset_size=dataset_size, physical_batch_size=physical_batch_size,
-            shuffle=shuffle, user_ids=user_ids)
-        n = plan.sampler.dataset_size if plan.sampler is not None else None
-        # A stream is trusted to hold each example at most once per pass;
-        # its passes are counted against N (see `check_pass`).
-        self.account.set_route(plan.counts_passes, n if plan.counts_passes else None)
-        return plan
-
     @property
     def counts_passes(self):
         """Whether the ledger counts the passes of a streamed input."""
         return self.fit_plan is not None and self.fit_plan.counts_passes
-
-    @property
-    def pass_limit(self):
-        """The most examples one pass of a stream may hold (N), or None."""
-        return self.account.pass_limit
 
     def start_epoch(self):
         """Discards the unfinished logical step, unreleased (eager).
@@ -465,129 +304,8 @@ class DPOptimizer(keras.optimizers.Optimizer):
         `DPModel.fit` calls it at each epoch start, so that a logical step
         never spans two epochs (no example twice in one step).
         """
-        self._micro_step.assign(0)
-        self._epoch_first_step.assign(tf.cast(self.iterations, tf.int64))
+        self.logical_step.start_epoch()
         self.account.start_epoch()
-
-    def check_pass(self):
-        """Raises once a stream's pass has delivered more than N examples (eager).
-
-        See `tfdp.keras.privacy_account.PrivacyAccount.check_pass`.
-        """
-        self.account.check_pass()
-
-    # ------------------------------------------------------------------
-    # The DP step (called by `private_update` only, in the traced train step).
-    # ------------------------------------------------------------------
-
-    def dp_accumulate(self, clipped_sum, variables, last=None, examples=None, release=True):
-        """Adds one batch's clipped sum; at the end of a logical step, releases.
-
-        Args:
-            clipped_sum: list of tensors. Σ_i clip(g_i) of the batch, one
-                clipped term per privacy unit.
-            variables: the trainable variables to update.
-            last: bool scalar tensor or None. True on the last physical batch
-                of a logical step (tfdp's array batches); None for a stream,
-                whose steps are k consecutive batches of one epoch.
-            examples: int scalar tensor or None. The batch's examples
-                (weight > 0), counted against N for a stream (`check_pass`).
-            release: bool. End the logical step here, on its `last` batch.
-                False under several replicas: the caller ends it with
-                `release_step`, since the optimizer's all-reduce cannot run
-                inside the train step's control flow. Defaults to `True`.
-        """
-        if not self.built:
-            raise RuntimeError(
-                "DPOptimizer is not built; it is built by `fit` (or call "
-                "`optimizer.build(model.trainable_variables)`)."
-            )
-        if self.mechanism_builder.aggregator is None:
-            raise RuntimeError(
-                "The DPOptimizer has no mechanism yet: train a private model "
-                "with `fit`, which fixes it from its inputs."
-            )
-        if examples is not None:
-            self.account.count_examples(examples)
-        self.accumulate_clipped_sum(clipped_sum)
-        if not release:
-            return
-        if last is None:
-            end = self._micro_step >= self.accumulation_steps
-        else:
-            end = tf.cast(last, tf.bool)
-
-        def end_logical_step():
-            self._release_or_drop(variables)
-            self._micro_step.assign(0)
-            return tf.constant(True)
-
-        tf.cond(end, end_logical_step, lambda: tf.constant(False))
-
-    def release_step(self, strategy, variables):
-        """Ends a logical step on every replica of `strategy` (eager, cross-replica).
-
-        The step's last batch was accumulated with `release=False`. As
-        `dp_accumulate` would: the wrapped optimizer's update with the noisy
-        mean, unless the account refuses the step (then nothing of it is
-        released); either way the next batch starts a new step. Each
-        replica hands the optimizer its own sum plus its share of the one
-        noise draw, and the optimizer all-reduces them with a SUM: the
-        one-device update.
-
-        Args:
-            strategy: the `tf.distribute` strategy of the train step.
-            variables: the trainable variables to update.
-        """
-        if bool(self.account.release_allowed(tf.cast(self.iterations, tf.int64))):
-            release = getattr(self, "_replica_release_fn", None)
-            if release is None:
-                def replica_release():
-                    step = tf.cast(self.iterations, tf.int64)
-                    self.inner_optimizer.apply(self.noisy_mean(step), variables)
-                    self.account.record_release()
-
-                release = tf.function(lambda: strategy.run(replica_release), autograph=False)
-                self._replica_release_fn = release
-            release()
-        self._micro_step.assign(0)
-
-    def accumulate_clipped_sum(self, clipped_sum):
-        """Stage 1: adds a physical batch's clipped sum to the logical step's."""
-        self.mechanism_builder.aggregator.accumulate(
-            self._accumulators, clipped_sum, first=tf.equal(self._micro_step, 0))
-        self._micro_step.assign_add(1)
-
-    def noisy_mean(self, step):
-        """Stage 2: the logical step's sum plus N(0, (σC)²) once, divided by B.
-
-        On R replicas each replica returns `(local_sum + noise / R) / B` of
-        one common draw; the wrapped optimizer's cross-replica SUM then
-        applies the one-device update, with the noise counted once.
-        """
-        context = tf.distribute.get_replica_context()
-        replicas = 1 if context is None else context.num_replicas_in_sync
-        return self.mechanism_builder.aggregator.noisy_mean(
-            self._accumulators, step, num_replicas=replicas)
-
-    def _release_or_drop(self, variables):
-        """Stage 3: the wrapped optimizer's update, unless the account refuses it.
-
-        Over budget, or in a pass above N, the logical step is dropped:
-        nothing of it is released.
-        """
-        step = tf.cast(self.iterations, tf.int64)
-
-        def release():
-            self.inner_optimizer.apply(self.noisy_mean(step), variables)
-            self.account.record_release()
-            return tf.constant(True)
-
-        tf.cond(self.account.release_allowed(step), release, lambda: tf.constant(False))
-
-    # ------------------------------------------------------------------
-    # Privacy accounting.
-    # ------------------------------------------------------------------
 
     def accounted_steps(self, pass_steps=None):
         """The step count the ledger composes.
@@ -600,33 +318,23 @@ class DPOptimizer(keras.optimizers.Optimizer):
 
     def accounting_mechanism(self, dataset_size=None, delta=None):
         """The `tfdp.DPSGD` the ledger accounts, with N or δ overridden if asked."""
-        return self.mechanism_builder.accounting_mechanism(dataset_size, delta)
+        return fit_ledger.accounting_mechanism(self.mechanism_builder, dataset_size, delta)
 
     def ledger(self, *, dataset_size=None, delta=None, steps=None):
-        """The `tfdp.privacy.PrivacyLedger` of this run so far.
+        """The `tfdp.privacy.PrivacyLedger` of this run so far (`tfdp.keras.fit_ledger.ledger`).
 
-        Args:
-            dataset_size: int or None. Overrides N (privacy units).
-            delta: float or None. Overrides δ.
-            steps: int or None. Defaults to the accounted steps (the noisy
-                updates; see `accounted_steps`).
-
-        Returns:
-            A `PrivacyLedger` whose `epsilon()` is ε after `steps`, for the
-            neighbouring relation of its sampler (`ledger.privacy_unit`
-            says what it protects).
+        `dataset_size` and `delta` override N and δ; `steps` defaults to the
+        accounted steps (`accounted_steps`).
         """
-        mech = self.accounting_mechanism(dataset_size, delta)
-        if steps is None:
-            steps = self.accounted_steps(mech.sampler.steps_per_epoch)
-        return mech.ledger(steps, sensitivity=self.sensitivity)
+        return fit_ledger.ledger(self, dataset_size=dataset_size, delta=delta, steps=steps)
 
     @property
     def sensitivity(self):
         """How far one privacy unit moves a step's clipped sum, in units of C: 1.
 
-        Each unit (an example, or a user's block) is clipped alone to C.
-        `tfdp.compat.tensorflow_privacy`'s microbatches override it.
+        Each unit (an example, or a user's block) is clipped alone to C. A
+        subclass whose `clipping_groups` clip several units together
+        overrides it.
         """
         return 1
 
@@ -634,62 +342,24 @@ class DPOptimizer(keras.optimizers.Optimizer):
                          brief=False):
         """One line: ε, δ, the neighbouring relation and, for users, the unit's bounds.
 
-        Args:
-            dataset_size, delta, steps: as `ledger`.
-            epsilon: float or None. ε already computed for these steps.
-            brief: bool. Name the relation without its description.
-
-        Returns:
-            A str, e.g. `epsilon=2.01 at delta=1e-05 (add_or_remove_one_user
-            adjacency: ...); privacy unit: user (N=500 users, at most 4
-            examples of a user per step); for comparison, example-level
-            accounting with group privacy for 4 examples would claim
-            epsilon=... at delta=...` (the comparison not when `brief`).
+        See `tfdp.keras.fit_ledger.describe_epsilon`; `dataset_size`,
+        `delta` and `steps` as `ledger`.
         """
         ledger = self.ledger(dataset_size=dataset_size, delta=delta, steps=steps)
-        text = ledger.describe_epsilon(epsilon, brief=brief)
-        if ledger.privacy_unit == "example":
-            return text
-        text = (f"{text}; privacy unit: {ledger.privacy_unit} (N={ledger.dataset_size} "
-                f"{ledger.privacy_unit}s, at most {self.max_examples_per_user} examples of "
-                f"a {ledger.privacy_unit} per step)")
-        if brief:
-            return text
-        claim = privacy.example_level_claim(ledger, self.max_examples_per_user)
-        return f"{text}; for comparison, {privacy.describe_example_level_claim(claim)}"
+        return fit_ledger.describe_epsilon(ledger, self.max_examples_per_user,
+                                           epsilon=epsilon, brief=brief)
 
     def example_level_claim(self, *, dataset_size=None, delta=None, steps=None):
         """Under users: what example-level accounting would claim for a user.
 
-        Example-level DP-SGD at the same σ, steps and sampling rate, at the
-        ledger's δ, converted by group privacy for `max_examples_per_user`
-        examples (`tfdp.privacy.example_level_claim`): the figure a
-        user-level run improves on.
-
-        Args:
-            dataset_size, delta, steps: as `ledger`.
-
-        Returns:
-            The dict of `tfdp.privacy.example_level_claim`.
-
-        Raises:
-            ValueError: under `privacy_unit="example"`.
+        See `tfdp.keras.fit_ledger.example_level_claim`.
         """
-        if self.privacy_unit != "user":
-            raise ValueError(
-                "example_level_claim compares a user-level run with example-level "
-                "accounting. Received: privacy_unit="
-                f"{self.privacy_unit!r}")
-        ledger = self.ledger(dataset_size=dataset_size, delta=delta, steps=steps)
-        return privacy.example_level_claim(ledger, self.max_examples_per_user)
+        return fit_ledger.example_level_claim(self, dataset_size=dataset_size, delta=delta,
+                                              steps=steps)
 
     def set_budget(self, max_steps, pass_steps=0):
         """Caps the released steps (`PrivacyBudget`); -1 removes the cap."""
         self.account.set_budget(max_steps, pass_steps)
-
-    # ------------------------------------------------------------------
-    # Serialisation.
-    # ------------------------------------------------------------------
 
     def get_config(self):
         # A given mechanism is saved as its public parameters; the key never.

@@ -1,4 +1,14 @@
-"""`FitPlan`: how one `DPModel.fit` call feeds the examples to the optimizer."""
+"""`plan_fit` / `FitPlan`: how one `DPModel.fit` call feeds the examples to the update.
+
+`fit` plans once, before training: the route (arrays in random order, arrays
+in their order, a stream), the sampler and the mechanism it fixes, the steps
+of an epoch and whether the batches mark the last of each logical step. The
+batches then follow the plan (`FitPlan.array_batches`), and the private
+update (`tfdp.keras.private_update`) consumes them.
+"""
+
+from tfdp import distribute
+from tfdp.keras import array_batches
 
 # How `fit` feeds the examples (the route), whatever the sampler:
 SAMPLED = "sampled"  # Arrays, batches drawn by the sampler with the secret key.
@@ -8,7 +18,7 @@ ARRAY_ROUTES = (SAMPLED, ORDERED)
 
 
 class FitPlan:
-    """What `DPOptimizer.plan_fit` decided for one `fit` call.
+    """What `plan_fit` decided for one `fit` call.
 
     Args:
         route: str. One of `SAMPLED`, `ORDERED`, `STREAM`.
@@ -20,10 +30,14 @@ class FitPlan:
         sampler_name: str. The registered name of the sampler the route is
             accounted with, also when `sampler` is None (a stream of unknown
             N, which a callback's `dataset_size=` can still account).
+        physical_batch_size: int or None. The `fit` batch size, in rows
+            (None for a stream of unknown batch size).
     """
 
-    def __init__(self, route, sampler, steps_per_epoch, sampler_name):
+    def __init__(self, route, sampler, steps_per_epoch, sampler_name,
+                 physical_batch_size=None):
         self.route = route
+        self.physical_batch_size = physical_batch_size
         self.sampler = sampler
         self.steps_per_epoch = steps_per_epoch
         self.sampler_name = sampler_name
@@ -54,3 +68,85 @@ class FitPlan:
         if self.route in ARRAY_ROUTES:
             return self.sampler.group_size
         return 1
+
+    def array_batches(self, x, y, sample_weight, sampling_key, first_step, *,
+                      steps_per_epoch, input_context=None):
+        """The array routes' `(x, y, weights, last)` physical batches of one epoch.
+
+        See `tfdp.keras.array_batches.step_batches`; `steps_per_epoch` None
+        runs on without end (for steps of random size, `fit` counts the
+        logical steps of each epoch).
+        """
+        return array_batches.step_batches(
+            x, y, sample_weight, self.sampler, sampling_key, ordered=self.ordered,
+            first_step=first_step, steps_per_epoch=steps_per_epoch,
+            input_context=input_context)
+
+
+    def replica_batches(self, strategy, x, y, sample_weight, sampling_key, first_step):
+        """The array batches split over the replicas of `strategy` (without end).
+
+        Every physical batch of P rows is split into R consecutive
+        per-replica batches of P / R (`tfdp.distribute.distribute_train_pipeline`,
+        as the trainer's), each worker building its share (the sampler's host
+        split); all carry the step's `last` flag, so every replica releases
+        together. Keras keeps one iterator and counts the epochs' steps.
+
+        Raises:
+            ValueError: when P is not a multiple of R (times a user's block).
+        """
+        physical = self.physical_batch_size
+        replicas = strategy.num_replicas_in_sync
+        group = self.group_size
+        if physical % (replicas * group):
+            unit = f" times max_examples_per_user={group}" if group > 1 else ""
+            raise ValueError(
+                "Under a tf.distribute strategy the fit batch size is split evenly over "
+                f"the replicas: it must be a multiple of the number of replicas{unit}. "
+                f"Received: batch_size={physical} with {replicas} replicas"
+            )
+
+        def make_pipeline(physical_batch_size, input_context):
+            del physical_batch_size  # P / W: the sampler's host split (`step_batches`).
+            return self.array_batches(x, y, sample_weight, sampling_key, first_step,
+                                      steps_per_epoch=None, input_context=input_context)
+
+        if replicas == 1:  # E.g. one worker of MultiWorkerMirroredStrategy: no split.
+            return strategy.distribute_datasets_from_function(
+                lambda context: make_pipeline(physical, None))
+        return distribute.distribute_train_pipeline(strategy, make_pipeline, physical)
+
+
+def plan_fit(optimizer, *, arrays, dataset_size=None, physical_batch_size=None,
+             shuffle=True, user_ids=None):
+    """Fixes the route, the sampler and the mechanism of a `fit` call (eager).
+
+    Args:
+        optimizer: `tfdp.DPOptimizer`. Its request is bound to the route's
+            sampler (`MechanismBuilder.plan`), and its account told whether
+            a stream's passes are counted.
+        arrays: bool. Whether `fit` got arrays (random access), which tfdp
+            batches itself; else a stream of the user's batches.
+        dataset_size: int or None. N of the arrays, in privacy units (their
+            number of users under `privacy_unit="user"`).
+        physical_batch_size: int or None. The `fit` batch size.
+        shuffle: bool. `fit(shuffle=...)`.
+        user_ids: int array `[n]` or None. Each example's user, in [0, N),
+            under `privacy_unit="user"`.
+
+    Returns:
+        A `FitPlan`.
+
+    Raises:
+        ValueError: for a streamed input with a sampler that needs random
+            access, for `shuffle=False` with an amplified sampler, for
+            missing sizes or user ids.
+    """
+    plan = optimizer.mechanism_builder.plan(
+        arrays=arrays, dataset_size=dataset_size, physical_batch_size=physical_batch_size,
+        shuffle=shuffle, user_ids=user_ids)
+    n = plan.sampler.dataset_size if plan.sampler is not None else None
+    # A stream is trusted to hold each example at most once per pass; its
+    # passes are counted against N (`PrivacyAccount.check_pass`).
+    optimizer.account.set_route(plan.counts_passes, n if plan.counts_passes else None)
+    return plan

@@ -16,7 +16,6 @@ from tfdp import secret_key as secret_key_lib
 from tfdp import validation
 from tfdp.dp import noisy_aggregator
 from tfdp.keras import fit_plan as fit_plan_lib
-from tfdp.privacy import accounting as privacy_accounting
 
 # The sampler `fit` takes when none is asked for, by privacy unit and route:
 # Poisson sampling for arrays in random order (accounted with amplification),
@@ -70,11 +69,11 @@ class MechanismBuilder:
         self.fit_plan = None
         self.aggregator = None
         self._plan_key = None
-        # TF-Privacy's microbatch divisor (`set_noise_divisor`); None: B.
+        # A public divisor other than B (`set_noise_divisor`); None: B.
         self.noise_divisor = None
         # B of the last plan, in privacy units: what the ledger accounts,
-        # also where the noise divisor is not B.
-        self._planned_batch = None
+        # also where the noise divisor is not B (`tfdp.keras.fit_ledger`).
+        self.planned_batch_size = None
         if mechanism is not None:
             self._init_given(mechanism, l2_norm_clip=l2_norm_clip,
                              noise_multiplier=noise_multiplier,
@@ -163,11 +162,12 @@ class MechanismBuilder:
         return self.mechanism if (self.given or self.fit_plan is not None) else None
 
     def set_noise_divisor(self, divisor):
-        """Divides the noisy sum by `divisor` instead of B (TF-Privacy's microbatches).
+        """Divides the noisy sum by the public `divisor` instead of B.
 
-        The mechanism then carries no sampler (its divisor is not B);
-        `accounting_mechanism` accounts the sampler and B of the plan, and
-        `tfdp.compat.tensorflow_privacy` the sensitivity of its microbatches.
+        For an optimizer that clips groups of rows (`clipping_groups`) and
+        divides by the number of groups. The mechanism then carries no
+        sampler (its divisor is not B); `tfdp.keras.fit_ledger` accounts the
+        sampler and B of the plan, at the optimizer's `sensitivity`.
         """
         self.noise_divisor = None if divisor is None else float(divisor)
         self._plan_key = None
@@ -223,7 +223,7 @@ class MechanismBuilder:
                 "`fit(x, y, user_ids=...)`. Received: user_ids=None"
             )
         batch, n = self._sizes(arrays, dataset_size, physical_batch_size)
-        self._planned_batch = batch
+        self.planned_batch_size = batch
         sampler = None
         if route in fit_plan_lib.ARRAY_ROUTES:
             sampler = samplers.make_sampler(
@@ -244,7 +244,8 @@ class MechanismBuilder:
         steps = None
         if route in fit_plan_lib.ARRAY_ROUTES:
             steps = max(1, int(round(sampler.steps_per_epoch)))
-        self.fit_plan = fit_plan_lib.FitPlan(route, sampler, steps, name)
+        self.fit_plan = fit_plan_lib.FitPlan(route, sampler, steps, name,
+                                             physical_batch_size)
         return self.fit_plan
 
     def _sampler_name(self, route):
@@ -322,8 +323,8 @@ class MechanismBuilder:
         # divisor below is not its B.
         request = self.request.replace(delta=self.request.delta_for(n))
         if self.noise_divisor is not None:
-            # TF-Privacy's microbatch divisor is not B, so this mechanism
-            # carries no sampler; `accounting_mechanism` accounts the plan's.
+            # The divisor is not B, so this mechanism carries no sampler;
+            # `tfdp.keras.fit_ledger` accounts the plan's.
             return mechanism_lib.DPSGD.from_config(
                 request, expected_batch_size=self.noise_divisor, secret_key=self.secret_key)
         if sampler is None:
@@ -331,59 +332,6 @@ class MechanismBuilder:
                 request, expected_batch_size=batch, secret_key=self.secret_key)
         return mechanism_lib.DPSGD.from_config(request, sampler=sampler,
                                                secret_key=self.secret_key)
-
-    # ------------------------------------------------------------------
-    # Accounting.
-    # ------------------------------------------------------------------
-
-    def accounting_mechanism(self, dataset_size=None, delta=None):
-        """The mechanism to account, with N or δ overridden if asked.
-
-        Args:
-            dataset_size: int or None. Overrides N (privacy units).
-            delta: float or None. Overrides δ.
-
-        Returns:
-            A `tfdp.DPSGD` with a sampler.
-
-        Raises:
-            ValueError: before the logical batch size or N is known.
-        """
-        mech = self.current
-        if mech is None:
-            raise ValueError(
-                "The privacy ledger needs the logical batch size; pass "
-                "`expected_batch_size=` to the DPOptimizer, or "
-                "`batch_size=` to `fit`, or a dataset with a static batch size."
-            )
-        if mech.sampler is not None and not dataset_size and not delta:
-            return mech
-        # A mechanism without a sampler (a stream, TF-Privacy's microbatch
-        # divisor): the plan's sampler drew the batches, if there is one.
-        sampler = mech.sampler or (self.fit_plan.sampler if self.fit_plan else None)
-        n = dataset_size or (sampler.dataset_size if sampler else self.dataset_size)
-        if not n:
-            raise ValueError(
-                "The privacy ledger needs the dataset size N. Pass "
-                "`dataset_size=` to the DPOptimizer or the callback (it is "
-                "only inferred when `fit` is given arrays)."
-            )
-        n = int(n)
-        if sampler is not None:
-            name, batch = sampler.name, sampler.logical_batch_size
-        else:
-            name = self.fit_plan.sampler_name
-            batch = (self._planned_batch if self._planned_batch is not None
-                     else int(round(mech.expected_batch_size)))
-        delta = delta or self.delta or privacy_accounting.default_delta(n)
-        # The bound σ (perhaps calibrated) on the accounted sampler, no budget.
-        request = mech.config.replace(noise_multiplier=mech.noise_multiplier,
-                                      target_epsilon=None, delta=delta)
-        return mechanism_lib.DPSGD.from_config(
-            request, sampler=samplers.for_accounting(name, None, dataset_size=n,
-                                                     batch_size=min(batch, n)),
-            secret_key=mech.secret_key,
-        )
 
     # ------------------------------------------------------------------
 

@@ -82,20 +82,23 @@ class DPModel(NativeDPModel):
                     "subclass keras.Model and use `tfdp.make_private(model)`."
                 )
             model = self._inner_model_class(*args, **kwargs)
-        validate_arguments(l2_norm_clip, noise_multiplier, num_microbatches)
+        # C and σ live in this request alone (validated there), until
+        # `compile` hands them to the optimizer it wraps.
+        self.privacy_request = validate_arguments(l2_norm_clip, noise_multiplier,
+                                                  num_microbatches)
         super().__init__(model)
-        self._l2_norm_clip = float(l2_norm_clip)
-        self._noise_multiplier = float(noise_multiplier)
         self._num_microbatches = num_microbatches
         self._use_xla = bool(use_xla)
 
     @property
     def l2_norm_clip(self):
-        return self._l2_norm_clip
+        """C, of the model's privacy request."""
+        return self.privacy_request.l2_norm_clip
 
     @property
     def noise_multiplier(self):
-        return self._noise_multiplier
+        """σ of each step, as TF-Privacy's (the request's)."""
+        return self.privacy_request.noise_multiplier
 
     def compile(self, optimizer="rmsprop", loss=None, **kwargs):
         """Compiles with a plain optimizer, wrapped with this model's DP settings."""
@@ -111,8 +114,8 @@ class DPModel(NativeDPModel):
                 )
             wrapped = DPKerasOptimizer(
                 optimizer,
-                self._l2_norm_clip,
-                self._noise_multiplier,
+                self.l2_norm_clip,
+                self.noise_multiplier,
                 num_microbatches=self._num_microbatches,
             )
         super().compile(optimizer=wrapped, loss=loss, **kwargs)
@@ -121,8 +124,8 @@ class DPModel(NativeDPModel):
         """Whether `optimizer` is the wrapper `compile` makes for this model."""
         return (
             type(optimizer) is DPKerasOptimizer
-            and optimizer.l2_norm_clip == self._l2_norm_clip
-            and optimizer.tf_privacy_noise_multiplier == self._noise_multiplier
+            and optimizer.l2_norm_clip == self.l2_norm_clip
+            and optimizer.tf_privacy_noise_multiplier == self.noise_multiplier
             and optimizer.num_microbatches == self._num_microbatches
             and optimizer.accumulation_steps == 1
         )
@@ -130,8 +133,8 @@ class DPModel(NativeDPModel):
     def get_config(self):
         config = super().get_config()
         config.update(
-            l2_norm_clip=self._l2_norm_clip,
-            noise_multiplier=self._noise_multiplier,
+            l2_norm_clip=self.l2_norm_clip,
+            noise_multiplier=self.noise_multiplier,
             num_microbatches=self._num_microbatches,
             use_xla=self._use_xla,
         )

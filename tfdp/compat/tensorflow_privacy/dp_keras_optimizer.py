@@ -26,8 +26,9 @@ naming that fix at its first train step, before any update.
 import math
 
 import keras
+import tensorflow as tf
 
-from tfdp import validation
+from tfdp import dpsgd_config
 from tfdp.compat.tensorflow_privacy import native_route
 from tfdp.keras import DPOptimizer
 
@@ -44,9 +45,14 @@ _PLAIN_MODEL = (
 
 def validate_arguments(l2_norm_clip, noise_multiplier, num_microbatches=None,
                        gradient_accumulation_steps=1):
-    """Raises a ValueError naming the first invalid TF-Privacy argument."""
-    validation.validate_l2_norm_clip(l2_norm_clip)
-    validation.validate_noise_multiplier(noise_multiplier)
+    """TF-Privacy's arguments as a privacy request, or a ValueError naming the first invalid one.
+
+    C and σ are validated by `tfdp.DPSGDConfig`, as on every route.
+
+    Returns:
+        A `tfdp.DPSGDConfig` of C and σ (TF-Privacy's, of each step).
+    """
+    request = dpsgd_config.DPSGDConfig(l2_norm_clip, noise_multiplier)
     if num_microbatches is not None and (
         isinstance(num_microbatches, bool)
         or not isinstance(num_microbatches, int)
@@ -62,6 +68,7 @@ def validate_arguments(l2_norm_clip, noise_multiplier, num_microbatches=None,
             "gradient_accumulation_steps must be an int >= 1. "
             f"Received: gradient_accumulation_steps={k!r}"
         )
+    return request
 
 
 @keras.saving.register_keras_serializable(package="tfdp.compat")
@@ -137,8 +144,6 @@ class DPKerasOptimizer(DPOptimizer):
         self.mechanism_builder.set_noise_divisor(
             None if num_microbatches is None else num_microbatches * k)
         self.num_microbatches = num_microbatches
-        # Examples per microbatch, known once `fit` fixed the batch size.
-        self._microbatch_size = None
 
     @property
     def tf_privacy_noise_multiplier(self):
@@ -166,23 +171,68 @@ class DPKerasOptimizer(DPOptimizer):
     # Accounting and serialisation.
     # ------------------------------------------------------------------
 
-    def plan_fit(self, *, physical_batch_size=None, **kwargs):
-        """`DPOptimizer.plan_fit`, noting the examples per microbatch.
+    def clipping_groups(self, x, batch_size=None):
+        """`(x, rows)`: TF-Privacy's microbatches of the batch `x`.
 
-        Each `fit` batch of `physical_batch_size` rows is split into
-        `num_microbatches` microbatches (`private_update`), so their size,
-        and with it the sensitivity the ledger accounts, is fixed here.
+        With `num_microbatches=M`, a batch of `M * m` rows is split into `M`
+        consecutive groups of `m` rows, and group j's loss is the mean of its
+        rows' (weighted) losses; each group's gradient is clipped to C.
+
+        The group size must be a Python int, so it comes from the traced batch
+        dimension, else from the `fit` batch size; either way every batch must
+        then have exactly `M` groups (TF-Privacy would resize the groups of a
+        short last batch instead, which a static size cannot). XLA drops the
+        assertion; the compat optimizer refuses XLA where the batch size is
+        not static.
+
+        Raises:
+            ValueError: under several replicas, or for a batch size that is
+                not a multiple of `num_microbatches`.
         """
-        plan = super().plan_fit(physical_batch_size=physical_batch_size, **kwargs)
-        self._microbatch_size = (
-            None if self.num_microbatches is None or not physical_batch_size
-            else physical_batch_size // self.num_microbatches)
-        return plan
+        if self.num_microbatches is None:
+            return super().clipping_groups(x, batch_size)
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        if replicas > 1:
+            # Each replica would split its share of the batch into microbatches
+            # of other rows than TF-Privacy's split of the whole batch.
+            raise ValueError(
+                "TF-Privacy microbatches train on one replica. Under a tf.distribute "
+                "strategy use tfdp.DPOptimizer (per-example clipping, "
+                "`gradient_accumulation_steps` for virtual steps). Received: "
+                f"num_microbatches={self.num_microbatches} with {replicas} replicas"
+            )
+        m = int(self.num_microbatches)
+        x = tf.convert_to_tensor(x)
+        static_rows = x.shape[0]
+        full = static_rows or batch_size or m
+        if full % m:
+            raise ValueError(
+                f"The batch size must be a multiple of num_microbatches. "
+                f"Received: batch_size={full}, num_microbatches={m}"
+            )
+        hint = "" if static_rows or batch_size else (
+            ", or, for microbatches of more than one example, use "
+            "tensorflow_privacy.DPSequential / DPModel, whose `fit` knows the "
+            "batch size"
+        )
+        tf.debugging.assert_equal(
+            tf.shape(x)[0], full,
+            message=(
+                f"With num_microbatches={m}, every batch must have {full} rows "
+                f"({m} microbatches of {full // m}); a short last batch cannot be "
+                "split the same way. Make the dataset size a multiple of the "
+                f"batch size (or drop the remainder){hint}."
+            ),
+        )
+        return x, full // m
 
     @property
     def microbatch_size(self):
         """Examples per microbatch in the last `fit`, or None (per example, or not yet known)."""
-        return self._microbatch_size
+        plan = self.fit_plan
+        if self.num_microbatches is None or plan is None or not plan.physical_batch_size:
+            return None
+        return plan.physical_batch_size // self.num_microbatches
 
     @property
     def sensitivity(self):
@@ -195,7 +245,7 @@ class DPKerasOptimizer(DPOptimizer):
         of norm <= C to another, by up to 2C. The ledger then accounts
         noise multiplier sigma / 2 (TF-Privacy's `used_microbatching=True`).
         """
-        if self.num_microbatches is None or self._microbatch_size == 1:
+        if self.num_microbatches is None or self.microbatch_size == 1:
             return 1
         return 2
 
@@ -214,7 +264,7 @@ class DPKerasOptimizer(DPOptimizer):
         text = super().describe_epsilon(brief=brief, **kwargs)
         if self.sensitivity == 1 or brief:
             return text
-        size = (f"{self._microbatch_size} examples" if self._microbatch_size
+        size = (f"{self.microbatch_size} examples" if self.microbatch_size
                 else "several examples")
         return (
             f"{text}; clipped per microbatch ({self.num_microbatches} microbatches of "

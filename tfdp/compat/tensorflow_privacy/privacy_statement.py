@@ -26,6 +26,7 @@ import textwrap
 import dp_accounting
 
 from tfdp import privacy
+from tfdp import validation
 
 # TF-Privacy's `compute_dp_sgd_privacy` orders (not dp_accounting's defaults).
 _LEGACY_ORDERS = (
@@ -59,10 +60,7 @@ def _example_epsilon(num_epochs, noise_multiplier, delta, used_microbatching, q=
     """Example-level epsilon, add-or-remove-one, as TF-Privacy computes it."""
     if num_epochs <= 0:
         raise ValueError(f"num_epochs must be > 0. Received: num_epochs={num_epochs}")
-    if noise_multiplier < 0:
-        raise ValueError(
-            f"noise_multiplier must be >= 0. Received: noise_multiplier={noise_multiplier}"
-        )
+    validation.validate_noise_multiplier(noise_multiplier)
     if not 0 <= delta <= 1:
         raise ValueError(f"delta must be in [0, 1]. Received: delta={delta}")
     sigma = noise_multiplier / 2 if used_microbatching else noise_multiplier
