@@ -73,7 +73,8 @@ class GinExperimentsTest(tf.test.TestCase):
                 self.assertEqual(gin.query_parameter("OptimizationConfig.epochs"), 3)
                 self.assertEqual(gin.query_parameter("PrivacyConfig.delta"), 1e-6)
             # An include among the bindings is read like a --gin_file.
-            config.parse(["mnist_default.gin"], ["PrivacyConfig.delta = 1e-7", "include 'extra.gin'"])
+            config.parse(["mnist_default.gin"],
+                         ["PrivacyConfig.delta = 1e-7", "include 'extra.gin'"])
             with gin.unlock_config():
                 self.assertEqual(gin.query_parameter("PrivacyConfig.delta"), 1e-6)
             with open("bad.gin", "w") as f:

@@ -22,7 +22,8 @@ README = os.path.join(os.path.dirname(__file__), os.pardir, "README.md")
 # they are appended, so the workdirs still differ exactly as the printed
 # commands' bindings do.
 SMALL = {
-    "tfdp.train": ["--gin_param=OptimizationConfig.epochs = 0.1", "--gin_param=RunConfig.eval_batch_size = 1000"],
+    "tfdp.train": ["--gin_param=OptimizationConfig.epochs = 0.1",
+                   "--gin_param=RunConfig.eval_batch_size = 1000"],
     "tfdp.bench": ["--steps=1", "--warmup=1", "--methods=nonprivate,bk", "--jit_compile=off"],
     "tfdp.audit": ["--epochs=1", "--num_train=200", "--num_canaries=20", "--quiet"],
 }

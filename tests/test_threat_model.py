@@ -222,7 +222,8 @@ class NonDpStatisticsTest(tf.test.TestCase):
 
         workdir = self.create_tempdir().full_path
         result = run_train(*TINY, "--gin_param=RunConfig.export_model = False",
-                           "--gin_param=RunConfig.report_non_dp_statistics = False", workdir=workdir)
+                           "--gin_param=RunConfig.report_non_dp_statistics = False",
+                           workdir=workdir)
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
         for text in ("train_acc", "grad_norm", "clipped=", "per class", "non-DP"):
             self.assertNotIn(text, result.stdout)
@@ -244,7 +245,8 @@ class RelationTest(tf.test.TestCase):
         workdir = self.create_tempdir().full_path
         result = run_train(*TINY, "--gin_param=RunConfig.export_model = False",
                            "--gin_param=PrivacyConfig.sampler = 'shuffle'",
-                           "--gin_param=RunConfig.report_non_dp_statistics = False", workdir=workdir)
+                           "--gin_param=RunConfig.report_non_dp_statistics = False",
+                           workdir=workdir)
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
         with open(os.path.join(workdir, "summary.json")) as f:
             summary = json.load(f)

@@ -92,7 +92,8 @@ class TrainTest(tf.test.TestCase):
         workdir = self.create_tempdir().full_path
         result = run_train(
             *QUICK, "--gin_param=PrivacyConfig.noise_multiplier = 1.5",
-            "--gin_param=PrivacyConfig.target_epsilon = 3.0", "--gin_param=OptimizationConfig.epochs = 20",
+            "--gin_param=PrivacyConfig.target_epsilon = 3.0",
+            "--gin_param=OptimizationConfig.epochs = 20",
             workdir=workdir,
         )
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])

@@ -232,8 +232,9 @@ def precheck(gin_files, gin_params, validators=None):
     imported yet are skipped, while files, includes, the syntax and every
     binding of an imported configurable (`train` and its configs such as
     `PrivacyConfig`, whose modules import no TensorFlow) are checked. So a
-    misspelt `PrivacyConfig.*` binding or a missing file is reported in a fraction of a second instead of after
-    TensorFlow's import; `parse` then checks everything else.
+    misspelt `PrivacyConfig.*` binding or a missing file is reported in a
+    fraction of a second instead of after TensorFlow's import; `parse` then
+    checks everything else.
 
     Args:
         gin_files: list of str. As for `parse`.

@@ -205,7 +205,8 @@ def _plots(record, summary, scalars, audit):
             f"Clipping statistics ({NOT_COVERED})",
             "Computed from the private training examples without noise: these figures "
             f"are <strong>{NOT_COVERED}</strong>. "
-            "<code>RunConfig.report_non_dp_statistics=False</code> turns them off.", _figure_png(figure)))
+            "<code>RunConfig.report_non_dp_statistics=False</code> turns them off.",
+            _figure_png(figure)))
         _close(figure)
 
     if audit:

@@ -44,6 +44,7 @@ _DRY_RUN = flags.DEFINE_bool(
 )
 _TRACEBACK = flags.DEFINE_bool("traceback", False, "Show full tracebacks for configuration errors.")
 
+
 def moved_bindings():
     """`{"train.epochs": "OptimizationConfig.epochs", ...}`: each trainer binding's config.
 

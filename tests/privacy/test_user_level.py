@@ -210,9 +210,11 @@ class UserLevelTrainerTest(tf.test.TestCase):
         users = rng.integers(0, 60, size=240)
         np.savez(path, x_train=x, y_train=y, user_ids=users, x_test=x[:40], y_test=y[:40])
         workdir = self.create_tempdir().full_path
-        common = [f"--gin_param=DataConfig.dataset = 'npz:{path}'", "--gin_param=OptimizationConfig.epochs = 1",
+        common = [f"--gin_param=DataConfig.dataset = 'npz:{path}'",
+                  "--gin_param=OptimizationConfig.epochs = 1",
                   "--gin_param=OptimizationConfig.logical_batch_size = 12",
-                  "--gin_param=RunConfig.physical_batch_size = 24", "--gin_param=RunConfig.pad_granule = 'auto'",
+                  "--gin_param=RunConfig.physical_batch_size = 24",
+                  "--gin_param=RunConfig.pad_granule = 'auto'",
                   "--gin_param=RunConfig.export_model = False",
                   "--gin_param=RunConfig.write_html_report = False"]
         result = run_train(*common, "--gin_param=PrivacyConfig.privacy_unit = 'user'",

@@ -164,7 +164,8 @@ class ClippingBudgetTest(tf.test.TestCase):
         # mnist_default's model on 8x8 digits at batch 64 needs 0.25 MiB with
         # bk and 0.15 MiB with mixed (`dp.plan`): a budget between takes mixed.
         config.parse(["mnist_default.gin"], [
-            "DataConfig.dataset = 'digits'", "OptimizationConfig.epochs = 1", "OptimizationConfig.logical_batch_size = 128",
+            "DataConfig.dataset = 'digits'", "OptimizationConfig.epochs = 1",
+            "OptimizationConfig.logical_batch_size = 128",
             "RunConfig.physical_batch_size = 64", "PrivacyConfig.noise_multiplier = 1.0",
             "PrivacyConfig.target_epsilon = None", "PrivacyConfig.clipping_memory_budget_mb = 0.2"])
         out = io.StringIO()

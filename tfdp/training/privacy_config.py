@@ -1,4 +1,4 @@
-"""`PrivacyConfig`: the trainer's privacy settings, as gin binds them (`PrivacyConfig.delta = ...`)."""
+"""`PrivacyConfig`: the trainer's privacy settings, as gin binds them."""
 
 import dataclasses
 
