@@ -10,6 +10,11 @@ stored in the checkpoint too, and nowhere else: a checkpoint is as private as
 the training data. A resumed run reads it back with `read_latest` before it
 builds its train step, and so continues the same noise and batch streams.
 
+The noise state of a banded matrix-factorization run (the last noise
+tensors, `tfdp.dp.PrivateTrainStep.noise_state`) is as secret as the key and
+is stored beside it, in the checkpoint only, so a resumed run continues the
+same correlated noise.
+
 A non-private run records `{"private": false}` in place of a ledger, so that
 a private run never continues it unnoticed (and the other way round).
 """
@@ -80,12 +85,18 @@ class RunCheckpoint:
         ema: optional `tfdp.optim.ParameterEMA`, saved too. Defaults to None.
         secret_key: optional `SecretKey` of the run's noise and sampling,
             saved too. Defaults to None.
+        noise_state: optional list of variables: the train step's
+            correlated-noise state (`PrivateTrainStep.noise_state`), saved
+            too. Defaults to None.
     """
 
-    def __init__(self, directory, model, optimizer, max_to_keep=3, ema=None, secret_key=None):
+    def __init__(self, directory, model, optimizer, max_to_keep=3, ema=None, secret_key=None,
+                 noise_state=None):
         self.directory = directory
         self.ledger_json = tf.Variable("", dtype=tf.string, trainable=False)
         extra = {"ema": ema} if ema is not None else {}
+        if noise_state:
+            extra["noise_state"] = list(noise_state)
         if secret_key is not None:
             extra["secret_key"] = tf.Variable(
                 np.asarray(secret_key.words), dtype=tf.int64, trainable=False

@@ -5,6 +5,7 @@ import dataclasses
 from tfdp import samplers
 from tfdp import validation
 from tfdp.privacy import accounting
+from tfdp.privacy import banded_mf
 
 
 def privacy_units():
@@ -44,6 +45,15 @@ class DPSGDConfig:
             "example".
         max_examples_per_user: int or None. k, under `privacy_unit="user"`:
             the most examples of one user in a logical step. Defaults to None.
+        bands: int. b >= 1: banded matrix-factorization DP-SGD with a
+            b-banded strategy (`tfdp.privacy.banded_mf`), which needs a
+            sampler whose steps of one example are b apart
+            ("banded_poisson"). Example level only. Defaults to 1 (DP-SGD).
+        band_coefficients: sequence of b floats or None. The strategy's
+            coefficients c_0 … c_{b-1}: c_0 > 0 and Euclidean norm <= 1
+            (`banded_mf.normalize_coefficients` scales them). None: the
+            banded square root (`banded_mf.square_root_coefficients`).
+            Defaults to None.
 
     Example:
 
@@ -61,6 +71,8 @@ class DPSGDConfig:
     sampler: object = None
     privacy_unit: str = "example"
     max_examples_per_user: object = None
+    bands: int = 1
+    band_coefficients: object = None
 
     def __post_init__(self):
         def set_field(name, value):  # The dataclass is frozen.
@@ -82,6 +94,7 @@ class DPSGDConfig:
             set_field("noise_multiplier",
                       validation.validate_noise_multiplier(self.noise_multiplier))
         self._check_unit()
+        self._check_bands(set_field)
         if self.sampler is not None:
             unit = samplers.sampler_class(self.sampler).privacy_unit  # Unknown names raise.
             if unit != self.privacy_unit:
@@ -109,6 +122,31 @@ class DPSGDConfig:
                 f"privacy_unit={self.privacy_unit!r} needs max_examples_per_user, a positive "
                 "integer: the most examples of one user in a logical step (the others sit "
                 "that step out). Received: max_examples_per_user=None")
+
+    def _check_bands(self, set_field):
+        set_field("bands", banded_mf.validate_bands(self.bands))
+        if self.band_coefficients is not None:
+            set_field("band_coefficients",
+                      banded_mf.check_coefficients(self.band_coefficients, self.bands))
+        if self.bands == 1:
+            return
+        if self.privacy_unit != "example":
+            raise ValueError(
+                "bands > 1 (banded matrix factorization) is available at privacy_unit="
+                "'example' only: users are not yet split into groups. Received: "
+                f"bands={self.bands}, privacy_unit={self.privacy_unit!r}")
+        if self.sampler is not None and not samplers.sampler_class(self.sampler).takes_bands:
+            raise ValueError(
+                "bands > 1 needs a sampler that keeps each example's steps `bands` apart "
+                f"(sampler='banded_poisson'). Received: sampler={self.sampler!r}, "
+                f"bands={self.bands}")
+
+    @property
+    def strategy_coefficients(self):
+        """The strategy's coefficients: those given, or the banded square root."""
+        if self.band_coefficients is not None:
+            return self.band_coefficients
+        return banded_mf.square_root_coefficients(self.bands)
 
     def delta_for(self, dataset_size):
         """δ of a run over `dataset_size` privacy units: the one asked, or the default."""

@@ -69,6 +69,10 @@ class DPSGD:
         insecure_reproducible_seed: int or None. INSECURE: derive the key
             from this public seed (tests, reproducible research). Defaults
             to None.
+        band_coefficients: sequence of floats or None. Banded matrix
+            factorization: the coefficients of the strategy, as many as the
+            sampler's `bands` (`tfdp.DPSGDConfig`). None: the banded square
+            root (at bands=1, DP-SGD). Defaults to None.
     """
 
     def __init__(
@@ -84,6 +88,7 @@ class DPSGD:
         expected_batch_size=None,
         secret_key=None,
         insecure_reproducible_seed=None,
+        band_coefficients=None,
     ):
         # The users' constructor: the request part becomes a `DPSGDConfig`
         # (validated there), then it is bound as tfdp's routes bind theirs.
@@ -96,7 +101,9 @@ class DPSGD:
         config = dpsgd_config.DPSGDConfig(
             l2_norm_clip, noise_multiplier, target_epsilon=target_epsilon, delta=delta,
             accountant=accountant, privacy_unit=unit,
-            max_examples_per_user=sampler.group_size if unit != "example" else None)
+            max_examples_per_user=sampler.group_size if unit != "example" else None,
+            bands=sampler.bands if sampler is not None else 1,
+            band_coefficients=band_coefficients)
         self._bind(config, sampler=sampler, steps=steps,
                    expected_batch_size=expected_batch_size,
                    secret_key=secret_key_lib.SecretKey.resolve(
@@ -132,6 +139,13 @@ class DPSGD:
                 f"The sampler protects one {sampler.privacy_unit}, but the config asks for "
                 f"privacy_unit={config.privacy_unit!r}. Received: sampler={sampler!r}"
             )
+        if sampler is not None and sampler.bands != config.bands:
+            raise ValueError(
+                f"The config asks for bands={config.bands}, and the sampler keeps each "
+                f"example's steps {sampler.bands} apart; they must agree (e.g. "
+                "`tfdp.samplers.make_sampler('banded_poisson', ..., bands=...)`). "
+                f"Received: sampler={sampler!r}, bands={config.bands}"
+            )
         mechanism = cls.__new__(cls)
         mechanism._bind(config, sampler=sampler, steps=steps,
                         expected_batch_size=expected_batch_size,
@@ -144,6 +158,8 @@ class DPSGD:
         self.sampler = sampler
         self.delta = config.delta_for(sampler.dataset_size if sampler is not None else None)
         self.accountant = config.accountant
+        self.bands = config.bands
+        self.band_coefficients = config.strategy_coefficients
         if sampler is not None:
             accounting.check_supported(config.accountant, sampler)
         self.target_epsilon = config.target_epsilon
@@ -220,7 +236,8 @@ class DPSGD:
             self.noise_multiplier, self.sampler.sampling_rate, delta=self.delta, steps=steps,
             sampler=self.sampler.name, accountant=self.accountant,
             dataset_size=self.sampler.dataset_size, batch_size=self.sampler.logical_batch_size,
-            l2_norm_clip=self.l2_norm_clip, sensitivity=sensitivity,
+            l2_norm_clip=self.l2_norm_clip, sensitivity=sensitivity, bands=self.bands,
+            band_coefficients=self.band_coefficients if self.bands > 1 else None,
         )
 
     def epsilon(self, steps):
@@ -277,6 +294,7 @@ class DPSGD:
         sampler = self.sampler.describe() if self.sampler is not None else "no sampler"
         return (f"DP-SGD: C={self.l2_norm_clip:g} sigma={self.noise_multiplier:.4f}"
                 f"{' (calibrated)' if self.calibrated else ''} delta={self.delta:g} "
+                f"{f'bands={self.bands} ' if self.bands > 1 else ''}"
                 f"accountant={self.accountant} {sampler} "
                 f"key={'secret' if self.secret_key.is_secret else 'INSECURE'}")
 

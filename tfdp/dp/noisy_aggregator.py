@@ -8,6 +8,14 @@ The one implementation of the end of a DP-SGD step, shared by the trainer's
 per logical step, with B the public expected batch size (never the realised
 one, which would leak it) and the noise drawn once from
 `step_seed(noise_key, step)`.
+
+With a b-banded matrix-factorization strategy (`tfdp.privacy.banded_mf`,
+coefficients c_0 … c_{b-1}), the noise of step t is correlated instead:
+
+    w_t = (z_t − Σ_{j=1}^{b-1} c_j w_{t-j}) / c_0,
+
+row t of C⁻¹Z, with z_t that same draw. The caller keeps the last b − 1 w's
+(`noise_state_shape`), as it keeps the accumulators.
 """
 
 import tensorflow as tf
@@ -28,9 +36,12 @@ class NoisyAggregator:
         expected_batch_size: float. B, the divisor.
         noise_key: int64 `[2]`. The run's secret noise sub-key
             (`SecretKey.derive("noise")`).
+        coefficients: sequence of floats. The banded strategy's c_0 … c_{b-1},
+            already checked by `tfdp.DPSGDConfig` (c_0 > 0, norm <= 1).
+            Defaults to `(1.0,)`: DP-SGD, with no state.
     """
 
-    def __init__(self, *, noise_stddev, expected_batch_size, noise_key):
+    def __init__(self, *, noise_stddev, expected_batch_size, noise_key, coefficients=(1.0,)):
         if not noise_stddev >= 0:
             raise ValueError(f"noise_stddev must be >= 0. Received: noise_stddev={noise_stddev}")
         if not expected_batch_size > 0:
@@ -39,6 +50,11 @@ class NoisyAggregator:
             )
         self.noise_stddev = float(noise_stddev)
         self.expected_batch_size = float(expected_batch_size)
+        self.coefficients = tuple(float(c) for c in coefficients)
+        if not self.coefficients or not self.coefficients[0] > 0:
+            raise ValueError(
+                "The banded strategy needs coefficients with c_0 > 0. "
+                f"Received: coefficients={coefficients!r}")
         # A graph constant, never a variable: nothing that saves the model or
         # the optimizer may hold the key.
         self._noise_key = tf.constant(noise_key, tf.int64)
@@ -50,7 +66,32 @@ class NoisyAggregator:
             noise_stddev=mechanism.noise_stddev,
             expected_batch_size=mechanism.expected_batch_size,
             noise_key=mechanism.secret_key.derive("noise"),
+            coefficients=mechanism.band_coefficients,
         )
+
+    @property
+    def bands(self):
+        """b: the number of strategy coefficients (1 for DP-SGD)."""
+        return len(self.coefficients)
+
+    @property
+    def correlated(self):
+        """Whether the noise is correlated across steps (it needs a state)."""
+        return self.coefficients != (1.0,)
+
+    def noise_state_shape(self, shape):
+        """The shape of the noise state of one variable of `shape`: `[b - 1, *shape]`.
+
+        It holds the last b − 1 noise tensors w, each in slot `t mod (b − 1)`
+        of its step t. The caller creates it as zeros (w_t = 0 before the
+        first step), float32 like the accumulators, one per variable, and
+        keeps it in the training checkpoints only: it is as secret as the
+        key, since it reveals the noise of the last steps. None when the
+        noise needs no state.
+        """
+        if not self.correlated:
+            return None
+        return [max(self.bands - 1, 1), *shape]
 
     def accumulate(self, accumulators, clipped_sum, first):
         """Adds one physical batch's clipped sum.
@@ -76,12 +117,17 @@ class NoisyAggregator:
 
         tf.cond(first, overwrite, add)
 
-    def noisy_mean(self, accumulators, step, num_replicas=1, empty=None):
+    def noisy_mean(self, accumulators, step, num_replicas=1, empty=None, noise_state=None):
         """`(Σ + noise / R) / B`, to hand to the optimizer.
 
         On R replicas each replica holds its partial sum and adds `noise / R`
         of one common draw (same key, same step), so the optimizer's
         cross-replica SUM adds back exactly one N(0, (σC)²).
+
+        With a banded strategy the noise is w_t (module docstring). Each
+        replica's state holds w / R: the recursion is linear, so from z_t / R
+        (its share of the draw) it yields exactly w_t / R, and the replicas'
+        states read together (a SUM variable in a checkpoint) hold w.
 
         Args:
             accumulators: list of variables. The logical step's sums.
@@ -90,12 +136,22 @@ class NoisyAggregator:
             empty: bool scalar tensor or None. True when no batch was
                 accumulated (the accumulators hold stale sums): the sum is
                 taken as zero. Defaults to None.
+            noise_state: list of float variables or None. With a banded
+                strategy, one per accumulator, shaped by `noise_state_shape`;
+                read and advanced here. Defaults to None (DP-SGD).
         """
+        if self.correlated and noise_state is None:
+            raise ValueError(
+                f"A {self.bands}-banded strategy correlates the noise across steps: "
+                "noisy_mean needs the noise state (`noise_state_shape`). "
+                "Received: noise_state=None")
         zeroed = []
         if empty is not None:
             zeroed = [tf.cond(empty, lambda: self._zero(accumulators, empty), lambda: tf.constant(0))]
         with tf.control_dependencies(zeroed):
             sums = [tf.convert_to_tensor(a) for a in accumulators]
+        if self.noise_stddev > 0 and self.correlated:
+            return self._banded_noisy_mean(sums, step, num_replicas, noise_state)
         if self.noise_stddev > 0:
             # noise / R drawn directly as N(0, (σC/R)²) from the same words.
             return noise_lib.noisy_divided(
@@ -103,6 +159,30 @@ class NoisyAggregator:
                 noise_lib.step_seed(self._noise_key, step), self.expected_batch_size,
             )
         return [s / self.expected_batch_size for s in sums]
+
+    def _banded_noisy_mean(self, sums, step, num_replicas, noise_state):
+        """`(Σ + w_t / R) / B`, with w_t / R from the state, which then holds it."""
+        if len(noise_state) != len(sums):
+            raise ValueError(
+                "The noise state needs one variable per accumulator. Received: "
+                f"{len(noise_state)} state variables, {len(sums)} accumulators")
+        step = tf.cast(step, tf.int64)
+        slots = max(self.bands - 1, 1)
+        # Slot s holds w_(t-j) with j = ((t - s - 1) mod (b - 1)) + 1; weight c_j.
+        lags = tf.math.floormod(step - 1 - tf.range(slots, dtype=tf.int64), slots) + 1
+        tail = self.coefficients[1:] or (0.0,)
+        draws = noise_lib.gaussian_noise(
+            sums, self.noise_stddev / float(num_replicas),
+            noise_lib.step_seed(self._noise_key, step))
+        slot = tf.math.floormod(step, slots)
+        means = []
+        for total, draw, state in zip(sums, draws, noise_state):
+            lag_weights = tf.gather(tf.constant(tail, state.dtype), lags - 1)
+            history = tf.tensordot(lag_weights, tf.convert_to_tensor(state), axes=1)
+            noise = (tf.cast(draw, state.dtype) - history) / self.coefficients[0]
+            state.scatter_update(tf.IndexedSlices(noise[None], slot[None]))
+            means.append((total + tf.cast(noise, total.dtype)) / self.expected_batch_size)
+        return means
 
     @staticmethod
     def _zero(accumulators, empty):

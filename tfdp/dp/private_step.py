@@ -25,6 +25,14 @@ Under a tf.distribute strategy (build the step inside `strategy.scope()`):
   tests/test_distribute.py (σ = 0 equals one device; σ > 0 has std σC/B,
   rejecting R× and √R× mistakes).
 
+With a banded matrix-factorization strategy (`DPSGD.bands` > 1) the noise
+is correlated across steps (`tfdp.dp.NoisyAggregator`): the step keeps the
+last b − 1 noise tensors in `noise_state`, per replica as w / R (ON_READ/SUM
+like the accumulators, so a checkpoint holds w and a restore on R' replicas
+gives each w / R'). The state is as secret as the key: it belongs in the
+training checkpoints (`tfdp.checkpointing.RunCheckpoint(noise_state=...)`)
+and never in an exported model, which holds the model's variables only.
+
 Why one common draw rather than independent N(0, σ²C²/R) per replica: the
 update is then a function of (key, step) and the examples only, not of the
 number of devices, so a run on 8 GPUs reproduces the one-device run up to
@@ -192,6 +200,13 @@ class PrivateTrainStep:
                 name: _local_variable(0.0, f"dp_{name}")
                 for name in ("examples", "norm_sum", "clipped", "nonfinite")
             }
+            # The last b - 1 noise tensors of a banded strategy, as w / R
+            # per replica (see the module docstring); none for DP-SGD.
+            self.noise_state = [
+                _local_variable(tf.zeros(self.aggregator.noise_state_shape(v.shape), tf.float32),
+                                "dp_noise_state")
+                for v in self.variables
+            ] if self.aggregator.correlated else []
             # Physical batches seen in the current logical step: with the
             # step, it seeds the augmentations (reproducible on resume).
             self._micro_batches = _local_variable(0.0, "dp_micro_batches")
@@ -278,6 +293,7 @@ class PrivateTrainStep:
         grads = self.aggregator.noisy_mean(
             self.accumulators, self.optimizer.iterations, num_replicas=replicas,
             empty=self._micro_batches.read_value() <= 0.0,
+            noise_state=self.noise_state or None,
         )
         # Keras 3 (TF backend) all-reduces these with SUM in replica context.
         self.optimizer.apply(grads, self.variables)

@@ -6,6 +6,7 @@ import math
 from tfdp import samplers
 from tfdp import validation
 from tfdp.privacy import accounting
+from tfdp.privacy import banded_mf
 from tfdp.privacy import calibration
 
 _FORMAT_VERSION = 1
@@ -20,10 +21,13 @@ _FIELDS = (
     "batch_size",
     "l2_norm_clip",
     "sensitivity",
+    "bands",
+    "band_coefficients",
 )
 # Left out of `to_dict` at these values, so that the ledgers of per-example
-# clipping read and write exactly as ledgers that predate the field.
-_DEFAULTS = {"sensitivity": 1}
+# clipping and of DP-SGD read and write exactly as ledgers that predate the
+# fields.
+_DEFAULTS = {"sensitivity": 1, "bands": 1, "band_coefficients": None}
 # What a run fixes for its whole life; only `steps` moves.
 CONFIGURATION_FIELDS = tuple(name for name in _FIELDS if name != "steps")
 
@@ -75,6 +79,15 @@ class PrivacyLedger:
             clipped mean from one vector of norm <= C to another). Epsilon
             is that of the effective noise multiplier
             `noise_multiplier / sensitivity`. Defaults to `1`.
+        bands: int. b >= 1, the bands of a banded matrix-factorization
+            strategy (`tfdp.privacy.banded_mf`); b > 1 needs a sampler whose
+            steps of one unit are b apart ("banded_poisson"), and is
+            accounted as that sampler's ⌈T/b⌉ rounds. Defaults to `1`
+            (DP-SGD).
+        band_coefficients: sequence of floats or None. The strategy's
+            coefficients c_0 … c_{b-1} (column norm <= 1), recorded so that
+            a resumed run continues the same noise correlation; None where
+            not recorded, and at b = 1. Defaults to `None`.
     """
 
     def __init__(
@@ -90,6 +103,8 @@ class PrivacyLedger:
         batch_size=None,
         l2_norm_clip=None,
         sensitivity=1,
+        bands=1,
+        band_coefficients=None,
     ):
         if (isinstance(sensitivity, bool) or not isinstance(sensitivity, (int, float))
                 or not 1 <= sensitivity <= 2):
@@ -99,11 +114,14 @@ class PrivacyLedger:
                 f"Received: sensitivity={sensitivity!r}"
             )
         self._sensitivity = sensitivity
+        self._bands = banded_mf.validate_bands(bands)
+        self._band_coefficients = self._check_band_coefficients(band_coefficients, self._bands)
         self._noise_multiplier = validation.validate_noise_multiplier(noise_multiplier)
         self._query = accounting.PrivacyQuery(
             self._noise_multiplier / sensitivity, steps, delta, sampling_rate=sampling_rate,
             dataset_size=dataset_size, batch_size=batch_size, accountant=accountant,
-            sampler=sampler, stacklevel=3,
+            sampler=self._banded_sampler(sampler, sampling_rate, dataset_size, batch_size),
+            stacklevel=3,
         )
         self._sampling_rate = self._query.sampling_rate
         self._delta = self._query.delta
@@ -114,6 +132,34 @@ class PrivacyLedger:
         self._l2_norm_clip = (None if l2_norm_clip is None
                               else validation.validate_l2_norm_clip(l2_norm_clip))
         self._steps = self._query.steps
+
+    @staticmethod
+    def _check_band_coefficients(coefficients, bands):
+        if coefficients is None:
+            return None
+        coefficients = banded_mf.check_coefficients(coefficients, bands)
+        # At b = 1 the only strategy of norm 1 is DP-SGD's: recorded as none.
+        return None if bands == 1 and coefficients == (1.0,) else coefficients
+
+    def _banded_sampler(self, sampler, sampling_rate, dataset_size, batch_size):
+        """The sampler to account: `sampler` itself at b = 1, else its b-band version."""
+        if self._bands == 1:
+            return sampler
+        accounting.validate_sampler(sampler)
+        if isinstance(sampler, samplers.Sampler):
+            accounted = sampler
+        elif samplers.sampler_class(sampler).takes_bands:
+            q, n, b = accounting.resolve_sampling_rate(sampling_rate, dataset_size, batch_size)
+            accounted = samplers.for_accounting(sampler, q, n, b, bands=self._bands)
+        else:
+            accounted = None
+        if accounted is None or accounted.bands != self._bands:
+            raise ValueError(
+                f"bands={self._bands} needs a sampler that keeps each unit's steps "
+                "`bands` apart (sampler='banded_poisson'). "
+                f"Received: sampler={sampler!r}, bands={self._bands}"
+            )
+        return accounted
 
     # The parameters are fixed for a ledger's life (changing them would make
     # the accumulated steps mean something else); only `steps` moves.
@@ -127,6 +173,8 @@ class PrivacyLedger:
     l2_norm_clip = property(lambda self: self._l2_norm_clip)
     steps = property(lambda self: self._steps)
     sensitivity = property(lambda self: self._sensitivity)
+    bands = property(lambda self: self._bands)
+    band_coefficients = property(lambda self: self._band_coefficients)
 
     @property
     def effective_noise_multiplier(self):
@@ -279,6 +327,8 @@ class PrivacyLedger:
         out = {"version": _FORMAT_VERSION}
         out.update({name: getattr(self, name) for name in _FIELDS
                     if name not in _DEFAULTS or getattr(self, name) != _DEFAULTS[name]})
+        if "band_coefficients" in out:
+            out["band_coefficients"] = list(out["band_coefficients"])
         return out
 
     @classmethod
@@ -363,5 +413,6 @@ class PrivacyLedger:
             f"delta={self._delta:g}, sigma={self._noise_multiplier:g}, "
             + ("" if self._sensitivity == 1 else f"sensitivity={self._sensitivity:g}C, ")
             + f"q={self._sampling_rate:.6g}, {self._sampler}, "
-            f"{self._accountant}, {self.adjacency} adjacency)"
+            + ("" if self._bands == 1 else f"bands={self._bands}, ")
+            + f"{self._accountant}, {self.adjacency} adjacency)"
         )

@@ -1,10 +1,11 @@
 """Samplers: how each logical step's examples are drawn, and their DP events.
 
-`make_sampler("poisson" | "shuffle" | "user_poisson", dataset_size=,
+`make_sampler("poisson" | "shuffle" | "user_poisson" | "banded_poisson", dataset_size=,
 logical_batch_size=, ...)` returns one. See `tfdp.samplers.base.Sampler` for
 what every sampler knows.
 """
 
+from tfdp.samplers.banded_poisson import BandedPoissonSampler
 from tfdp.samplers.base import Sampler
 from tfdp.samplers.base import for_accounting
 from tfdp.samplers.base import make_sampler
@@ -16,6 +17,7 @@ from tfdp.samplers.shuffle import ShuffleSampler
 from tfdp.samplers.user_poisson import UserPoissonSampler
 
 __all__ = [
+    "BandedPoissonSampler",
     "PoissonSampler",
     "Sampler",
     "ShuffleSampler",

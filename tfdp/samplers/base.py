@@ -79,6 +79,12 @@ class Sampler(abc.ABC):
     needs_random_access = True
     # Every step holds exactly B examples (else the step sizes vary).
     fixed_size_steps = False
+    # Two steps that can hold the same privacy unit are at least this many
+    # steps apart: the bands a banded matrix-factorization strategy may have
+    # (`tfdp.samplers.BandedPoissonSampler`). 1: any two steps.
+    bands = 1
+    # True for a sampler that takes a `bands` argument.
+    takes_bands = False
 
     def __init__(self, dataset_size, logical_batch_size, physical_batch_size=None, num_hosts=1):
         self.dataset_size = positive_int("dataset_size", dataset_size)
@@ -270,14 +276,21 @@ def make_sampler(sampler, *, dataset_size, logical_batch_size, physical_batch_si
     )
 
 
-def for_accounting(sampler, sampling_rate, dataset_size=None, batch_size=None):
+def for_accounting(sampler, sampling_rate, dataset_size=None, batch_size=None, **options):
     """A sampler for accounting only, from q, or from N and B.
 
     Given only q, N and B are the exact integer ratio of q: the events
     depend on them through B / N (and N // B) only.
+
+    Args:
+        sampler: str or `Sampler` (returned as is).
+        sampling_rate: float. q = B / N.
+        dataset_size, batch_size: int or None. N and B.
+        **options: the sampler's own keyword arguments that its event
+            depends on (e.g. `bands` of "banded_poisson").
     """
     if isinstance(sampler, Sampler):
         return sampler
     if dataset_size is None or batch_size is None:
         batch_size, dataset_size = float(sampling_rate).as_integer_ratio()
-    return sampler_class(sampler)(dataset_size, batch_size, 1)
+    return sampler_class(sampler)(dataset_size, batch_size, 1, **options)

@@ -107,16 +107,18 @@ class RunState:
     ledger: object
 
 
-def restore_run(workdir, strategy, model, optimizer, ema, plan):
+def restore_run(workdir, strategy, model, optimizer, ema, plan, noise_state=None):
     """The `RunState`: restored from `plan.resume_point`, or fresh.
 
     The privacy record comes from the resume point, which was checked against
     the contract before the train step was built; the checkpoint's weights,
-    optimizer and EMA are restored here, from the same checkpoint.
+    optimizer, EMA and correlated-noise state (`noise_state`, the train
+    step's, for a banded strategy) are restored here, from the same
+    checkpoint.
     """
     directory = os.path.join(workdir, "checkpoints")
     ckpt = checkpointing.RunCheckpoint(directory, model, optimizer, ema=ema,
-                                       secret_key=plan.key)
+                                       secret_key=plan.key, noise_state=noise_state)
     if plan.resume_point is not None:
         ckpt.restore(plan.resume_point.path)
     if not distribute.is_chief(strategy):
@@ -124,7 +126,7 @@ def restore_run(workdir, strategy, model, optimizer, ema, plan):
         # writes them and the ledger. The others join each save into a scratch dir.
         ckpt = checkpointing.RunCheckpoint(
             distribute.checkpoint_dir(strategy, directory), model, optimizer, ema=ema,
-            secret_key=plan.key)
+            secret_key=plan.key, noise_state=noise_state)
     start_step = int(optimizer.iterations.numpy())
     ledger = plan.ledger
     if plan.resume_point is not None and ledger is not None:
