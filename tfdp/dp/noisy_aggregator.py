@@ -178,9 +178,11 @@ class NoisyAggregator:
         means = []
         for total, draw, state in zip(sums, draws, noise_state):
             lag_weights = tf.gather(tf.constant(tail, state.dtype), lags - 1)
-            history = tf.tensordot(lag_weights, tf.convert_to_tensor(state), axes=1)
+            previous = tf.convert_to_tensor(state)
+            history = tf.tensordot(lag_weights, previous, axes=1)
             noise = (tf.cast(draw, state.dtype) - history) / self.coefficients[0]
-            state.scatter_update(tf.IndexedSlices(noise[None], slot[None]))
+            # A whole assign: per-replica (ON_READ) variables take no scatter.
+            state.assign(tf.tensor_scatter_nd_update(previous, slot[None, None], noise[None]))
             means.append((total + tf.cast(noise, total.dtype)) / self.expected_batch_size)
         return means
 

@@ -1,0 +1,90 @@
+"""The banded_poisson sampler: b secret groups, step t samples group t mod b at rate q."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfdp import samplers
+from tfdp.secret_key import SecretKey
+
+KEY = SecretKey(np.array([11, 12])).derive("sampling")
+OTHER_KEY = SecretKey(np.array([13, 14])).derive("sampling")
+
+
+def _sampler(n, b, bands, hosts=1):
+    return samplers.make_sampler("banded_poisson", dataset_size=n, logical_batch_size=b,
+                                 bands=bands, num_hosts=hosts)
+
+
+def _masks(sampler, steps, key=KEY):
+    fn = tf.function(lambda s: sampler.mask(key, s), autograph=False)
+    return np.stack([fn(tf.constant(s, tf.int64)).numpy() for s in range(steps)])
+
+
+class TestGroups:
+
+    @pytest.mark.parametrize("n, bands", [(1000, 4), (1003, 4), (101, 7)])
+    def test_each_example_is_in_exactly_one_group_of_balanced_size(self, n, bands):
+        groups = _sampler(n, 10, bands).groups(KEY).numpy()
+        assert groups.shape == (n,) and groups.min() >= 0 and groups.max() < bands
+        sizes = np.bincount(groups, minlength=bands)
+        assert sorted(set(sizes)) <= [n // bands, -(-n // bands)]
+        assert sizes.sum() == n
+
+    def test_the_split_is_secret(self):
+        sampler = _sampler(1000, 10, 4)
+        a, b = sampler.groups(KEY).numpy(), sampler.groups(OTHER_KEY).numpy()
+        assert (a != b).mean() > 0.5
+        assert not np.array_equal(np.sort(np.flatnonzero(a == 0)), np.arange(250))
+
+    def test_examples_are_sampled_only_on_their_groups_steps_at_rate_q(self):
+        n, batch, bands, steps = 2000, 50, 4, 400
+        sampler = _sampler(n, batch, bands)
+        groups = sampler.groups(KEY).numpy()
+        masks = _masks(sampler, steps)
+        step_groups = np.arange(steps) % bands
+        assert not np.any(masks & (groups[None, :] != step_groups[:, None]))
+        q = sampler.group_sampling_rate
+        assert q == bands * batch / n
+        # Per example: its group's steps are steps / bands trials at rate q.
+        own = masks[np.arange(steps)[:, None], np.arange(n)[None, :]][
+            step_groups[:, None] == groups[None, :]]
+        trials = own.size
+        assert trials == n * steps // bands
+        assert abs(own.mean() - q) < 5 * np.sqrt(q * (1 - q) / trials)
+        assert abs(masks.sum(1).mean() - batch) < 5 * np.sqrt(batch / steps)
+
+    def test_step_indices_hold_only_the_groups_examples(self):
+        sampler = _sampler(500, 20, 5, hosts=2)
+        groups = sampler.groups(KEY).numpy()
+        for step in range(10):
+            for host in range(2):
+                indices, weights = sampler.step_indices(KEY, tf.constant(step, tf.int64), host)
+                real = indices.numpy()[weights.numpy() > 0]
+                assert np.all(groups[real] == step % 5)
+
+
+class TestDpSgdAtOneBand:
+
+    def test_one_band_draws_poissons_batches(self):
+        banded = _sampler(3000, 64, 1)
+        poisson = samplers.make_sampler("poisson", dataset_size=3000, logical_batch_size=64)
+        np.testing.assert_array_equal(_masks(banded, 5), _masks(poisson, 5))
+        assert banded.dp_event(1.0, 100) == poisson.dp_event(1.0, 100)
+
+
+class TestSamplerContract:
+
+    def test_with_hosts_and_accounting_keep_the_bands(self):
+        sampler = _sampler(1000, 10, 4)
+        assert sampler.with_hosts(2).bands == 4
+        assert "bands=4" in repr(sampler) and "bands=4" in sampler.describe()
+        accounted = samplers.for_accounting("banded_poisson", 0.01, 1000, 10, bands=4)
+        assert accounted.dp_event(1.0, 10) == sampler.dp_event(1.0, 10)
+        assert sampler != _sampler(1000, 10, 2)
+
+    def test_refuses_more_bands_than_the_groups_can_fill(self):
+        with pytest.raises(ValueError, match="bands × logical_batch_size"):
+            _sampler(100, 30, 4)
+        with pytest.raises(ValueError, match="bands"):
+            _sampler(100, 10, 0)
