@@ -79,7 +79,7 @@ RDP accounting:
 
 User-level DP with add-or-remove-one adjacency at delta = 1e-06 computed using
 RDP accounting and group privacy:
-    Epsilon with each example occurring once per epoch:        85.940
+    Epsilon with each example occurring once per epoch:        56.224
     Epsilon assuming Poisson sampling (*):                      6.425
 
 (*) Poisson sampling is not usually done in training pipelines, but assuming
@@ -95,7 +95,38 @@ def test_user_level_statement_text_matches_tf_privacy():
         10000, 64, 5.0, 2.0, 1e-6, max_examples_per_user=3
     )
     assert statement == _TF_PRIVACY_USER_STATEMENT
-    assert statement.user_epsilon_once_per_epoch == pytest.approx(85.940, abs=5e-4)
+    assert statement.user_epsilon_once_per_epoch == pytest.approx(56.224, abs=5e-4)
+    # The same text through the accountant's enum or TF-Privacy's spelling.
+    for accountant_type in (tensorflow_privacy.AccountantType.RDP, "RDP"):
+        assert tensorflow_privacy.compute_dp_sgd_privacy_statement(
+            10000, 64, 5.0, 2.0, 1e-6, max_examples_per_user=3,
+            accountant_type=accountant_type) == _TF_PRIVACY_USER_STATEMENT
+
+
+def test_once_per_epoch_user_level_divides_sigma_by_the_cap():
+    # Without sampling a user's k examples can meet in one step: sensitivity k.
+    statement = tensorflow_privacy.compute_dp_sgd_privacy_statement(
+        10000, 64, 5.0, 2.0, 1e-6, max_examples_per_user=3)
+    assert statement.user_epsilon_once_per_epoch == pytest.approx(
+        _reference(10000, 64, 5.0, 2.0 / 3, 1e-6, True)[0], rel=1e-9)
+
+
+def test_pld_statement_matches_tf_privacy():
+    # TF-Privacy's expectations (10,000 examples, batch 64, sigma 2, 5
+    # epochs, delta 1e-6, with microbatching, at most 2 examples per user).
+    statement = tensorflow_privacy.compute_dp_sgd_privacy_statement(
+        10000, 64, 5.0, 2.0, 1e-6, max_examples_per_user=2, accountant_type="PLD")
+    assert "computed with\nPLD accounting:" in statement
+    assert "computed using\nPLD accounting and group privacy:" in statement
+    for figure in ("12.595", "1.199", "30.579", "2.532"):
+        assert f"{float(figure):12.3f}" in statement
+    assert statement.user_epsilon_poisson == pytest.approx(2.532, abs=5e-4)
+
+
+def test_unknown_accountant_type_is_refused():
+    with pytest.raises(ValueError, match="Received: accountant_type='rdp2'"):
+        tensorflow_privacy.compute_dp_sgd_privacy_statement(
+            10000, 64, 5.0, 2.0, 1e-6, accountant_type="rdp2")
 
 
 def test_user_level_is_group_privacy_of_example_level():
@@ -113,10 +144,12 @@ def test_user_level_is_group_privacy_of_example_level():
 
 
 def test_unbounded_user_epsilon_is_reported_as_infinite():
+    # TF-Privacy prints 366.374 once per epoch and inf (**) under Poisson.
     statement = tensorflow_privacy.compute_dp_sgd_privacy_statement(
         10000, 64, 5.0, 2.0, 1e-6, max_examples_per_user=10
     )
-    assert math.isinf(statement.user_epsilon_once_per_epoch)
+    assert "366.374" in statement
+    assert math.isinf(statement.user_epsilon_poisson)
     assert "inf (**)" in statement and "(**) A finite example-level epsilon" in statement
 
 

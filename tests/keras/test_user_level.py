@@ -204,12 +204,13 @@ class UserAccountingTest(ktc.KerasTestCase):
             self.assertIn(words, line)
         self.assertIn(f"PrivacyLogger: {dp.describe_epsilon(steps=0)}", printed.getvalue())
         # What example-level accounting (N = 40 units at the same rate, group
-        # privacy for k = 2) would claim: 2x its epsilon, stated on the line.
+        # privacy for k = 2 at the same delta) would claim, stated on the line.
         claim = dp.example_level_claim()
-        self.assertAllClose(claim["group_epsilon"], 2 * claim["example_epsilon"])
         self.assertAllClose(claim["example_epsilon"], expected)
-        self.assertAllClose(claim["group_delta"],
-                            2 * np.exp(claim["example_epsilon"]) * self.DELTA)
+        self.assertAllClose(claim["group_epsilon"], tfdp.privacy.group_epsilon(
+            self.SIGMA, 15, self.DELTA, 2, sampling_rate=0.1))
+        self.assertGreater(claim["group_epsilon"], 2 * claim["example_epsilon"])
+        self.assertEqual(claim["group_delta"], self.DELTA)
         self.assertIn("group privacy for 2 examples would claim "
                       f"epsilon={claim['group_epsilon']:.4g}", line)
         with self.assertRaisesRegex(ValueError, "privacy_unit='example'"):

@@ -12,8 +12,9 @@ Public API:
   sampler and the accountant), asked for ε at other steps, σ or δ.
 - `steps_for_epochs`: `ceil(epochs * N / B)`.
 - `default_delta`: the δ of every route when none is given.
-- `group_privacy`, `example_level_budget`, `example_level_claim`: what
-  example-level DP says about a user of k examples.
+- `group_epsilon`, `group_privacy`, `example_level_budget`,
+  `example_level_claim`: what example-level DP says about a user of k
+  examples.
 
 Imports no TensorFlow. See `docs/PRIVACY.md` for the accounting choices.
 """
@@ -35,6 +36,7 @@ from tfdp.privacy.calibration import max_steps_within
 from tfdp.privacy.group_privacy import describe_example_level_claim
 from tfdp.privacy.group_privacy import example_level_budget
 from tfdp.privacy.group_privacy import example_level_claim
+from tfdp.privacy.group_privacy import group_epsilon
 from tfdp.privacy.group_privacy import group_privacy
 from tfdp.privacy.ledger import PrivacyLedger
 
@@ -52,6 +54,7 @@ __all__ = [
     "example_level_budget",
     "example_level_claim",
     "format_epsilon_table",
+    "group_epsilon",
     "group_privacy",
     "make_dp_event",
     "noise_truncation_delta",

@@ -2,13 +2,20 @@
 
 A user-level run (`privacy_unit="user"`) reports, beside its own ε, what
 example-level accounting of the same training would claim for a user of at
-most k examples: the standard group-privacy conversion of the example-level
-(ε, δ). Imports no TensorFlow.
+most k examples (`example_level_claim`, by `group_epsilon`: the conversion
+TF-Privacy's privacy statement uses). `group_privacy` is the plain
+(kε, k·e^{(k−1)ε}·δ) conversion. Imports no TensorFlow.
 """
 
 import math
 
+import dp_accounting
+from scipy import optimize
+from scipy import stats
+
 from tfdp.privacy import accounting
+from tfdp.validation import validate_delta
+from tfdp.validation import validate_noise_multiplier
 
 
 def group_privacy(epsilon, delta, group_size):
@@ -50,12 +57,128 @@ def example_level_budget(user_epsilon, user_delta, group_size):
     return epsilon, float(user_delta) / (k * math.exp((k - 1) * epsilon))
 
 
+def group_epsilon(noise_multiplier, steps, delta, group_size, *, sampling_rate=None,
+                  accountant="rdp"):
+    """ε at δ for a group of k examples (one user's) of example-level DP-SGD.
+
+    The tightest conversion of the three that TF-Privacy's privacy statement
+    uses, chosen by how the examples were drawn:
+
+    - `sampling_rate=None` (each example at most once in each of `steps`
+      Gaussian mechanisms, e.g. once per pass over the data): in the worst
+      case a group's k examples meet in one mechanism, which multiplies its
+      sensitivity by k. So the group's ε is the example-level ε at σ / k.
+    - Poisson sampling under `accountant="pld"`: each step is a mixture of
+      Gaussians whose sensitivity is the number of the group's examples
+      drawn, Binomial(k, q) (Ganesh 2024, Theorem 3.1), composed over
+      `steps` with a PLD accountant.
+    - Poisson sampling under `accountant="rdp"`: the example-level
+      (ε, δ_ex) converted by Vadhan (2017) Lemma 2.2 in its tighter form,
+      δ = δ_ex·(e^{kε} − 1)/(e^ε − 1), with the δ_ex that gives the target δ
+      found by a line search; the group's ε is kε. It may be infinite.
+
+    With k = 1 it is the example-level ε.
+
+    Args:
+        noise_multiplier: float. σ of one example (already halved by a
+            caller whose microbatches double the sensitivity).
+        steps: int. Gaussian mechanisms composed: the steps under Poisson
+            sampling, the passes without it.
+        delta: float. The group's δ, in (0, 1).
+        group_size: int. k, the most examples of one group.
+        sampling_rate: float or None. Poisson rate q, or `None` for no
+            sampling. Defaults to `None`.
+        accountant: str. `"rdp"` or `"pld"`. Defaults to `"rdp"`.
+
+    Returns:
+        The group's ε as a float (`inf` when no bound follows).
+    """
+    k = _group_size(group_size)
+    sigma = validate_noise_multiplier(noise_multiplier)
+    delta = validate_delta(delta)
+    accountant = accounting.validate_accountant(accountant)
+    # A rate of 1 is the unamplified Gaussian mechanism in dp_accounting.
+    q = 1.0 if sampling_rate is None else float(sampling_rate)
+
+    def example_epsilon(noise, example_delta):
+        return accounting.epsilon(noise, steps, example_delta, sampling_rate=q,
+                                  sampler="poisson", accountant=accountant)
+
+    if k == 1 or steps == 0:
+        # Nothing released (no step) holds for any group as for one example.
+        return example_epsilon(sigma, delta)
+    if sampling_rate is None:
+        return example_epsilon(sigma / k, delta)
+    if sigma == 0:
+        return math.inf
+    if accountant == "pld":
+        return _mixture_epsilon(sigma, steps, delta, k, q)
+    return _vadhan_epsilon(lambda d: example_epsilon(sigma, d), delta, k)
+
+
+def _group_size(group_size):
+    if isinstance(group_size, bool) or int(group_size) != group_size or group_size < 1:
+        raise ValueError(f"`group_size` must be an int >= 1. Received: group_size={group_size!r}")
+    return int(group_size)
+
+
+def _mixture_epsilon(sigma, steps, delta, k, q):
+    sensitivities = list(range(k + 1))
+    probabilities = [float(p) for p in stats.binom.pmf(sensitivities, k, q)]
+    event = dp_accounting.dp_event.MixtureOfGaussiansDpEvent(sigma, sensitivities, probabilities)
+    pld = dp_accounting.pld.PLDAccountant(
+        value_discretization_interval=accounting.PLD_DISCRETIZATION)
+    pld.compose(event, int(steps))
+    return float(pld.get_epsilon(delta))
+
+
+def _logexpm1(x):
+    return x + math.log(-math.expm1(-x))
+
+
+def _vadhan_epsilon(example_epsilon, delta, k):
+    """kε at the example δ whose Lemma 2.2 group δ for k examples is `delta`."""
+    target = math.log(delta)
+    cache = {}
+
+    def epsilon_at(log_delta):
+        if log_delta not in cache:
+            example_delta = math.exp(log_delta)
+            # At δ = 0 (exp underflows) no Gaussian mechanism has a finite ε.
+            cache[log_delta] = example_epsilon(example_delta) if example_delta > 0 else math.inf
+        return cache[log_delta]
+
+    def gap(log_delta):
+        eps = epsilon_at(log_delta)
+        if math.isinf(eps):
+            return math.inf
+        return log_delta + _logexpm1(k * eps) - _logexpm1(eps) - target
+
+    # The gap grows with the example δ, and the target δ bounds it above.
+    # If the gap at `low` is positive, the root is below `low - gap(low)`.
+    high = target
+    low = high - math.log(10)
+    gap_low = gap(low)
+    while gap_low > 0:
+        high = low - gap_low
+        low = high - math.log(10)
+        gap_low = gap(low)
+        if not math.isfinite(gap_low):
+            # ε grows as the example δ shrinks, so the group δ can diverge:
+            # no user-level bound follows from group privacy.
+            return math.inf
+    low -= gap_low
+    root = optimize.brentq(gap, low, high)
+    return k * epsilon_at(root)
+
+
 def example_level_claim(ledger, group_size, steps=None):
     """What example-level accounting with group privacy claims for a user of k examples.
 
     Example-level DP-SGD with the same σ, steps and sampling rate (Poisson
-    sampling of examples at the ledger's rate), accounted at the ledger's δ,
-    then `group_privacy` for k examples: (kε, k·e^{(k−1)ε}·δ).
+    sampling of examples at the ledger's rate), converted for a group of k
+    examples at the ledger's δ by `group_epsilon` with the ledger's
+    accountant (the conversion of TF-Privacy's privacy statement).
 
     Args:
         ledger: `tfdp.privacy.PrivacyLedger`. The user-level run's.
@@ -63,26 +186,29 @@ def example_level_claim(ledger, group_size, steps=None):
         steps: int or None. Defaults to the ledger's steps.
 
     Returns:
-        A dict: `example_epsilon`, `group_size`, `group_epsilon`,
-        `group_delta` (at most 1) and `how`, a sentence saying what it is.
+        A dict: `example_epsilon` (example-level, at the ledger's δ),
+        `group_size`, `group_epsilon` (possibly `inf`), `group_delta` (the
+        ledger's δ) and `how`, a sentence saying what it is.
     """
     steps = ledger.steps if steps is None else steps
-    example_epsilon = accounting.epsilon(
-        ledger.effective_noise_multiplier, steps, ledger.delta,
-        sampling_rate=ledger.sampling_rate,
-        accountant=ledger.accountant)
-    group_epsilon, group_delta = group_privacy(example_epsilon, ledger.delta, group_size)
+    sigma, q = ledger.effective_noise_multiplier, ledger.sampling_rate
+    example_epsilon = accounting.epsilon(sigma, steps, ledger.delta, sampling_rate=q,
+                                         accountant=ledger.accountant)
+    group = group_epsilon(sigma, steps, ledger.delta, group_size, sampling_rate=q,
+                          accountant=ledger.accountant)
+    how = ("mixture of Gaussians, Ganesh 2024" if ledger.accountant == "pld"
+           else "Vadhan 2017, Lemma 2.2")
     return {"example_epsilon": example_epsilon, "group_size": int(group_size),
-            "group_epsilon": group_epsilon, "group_delta": min(group_delta, 1.0),
+            "group_epsilon": group, "group_delta": float(ledger.delta),
             "how": "example-level DP-SGD at the same sigma, steps and sampling rate, "
-                   "accounted at this delta, converted by group privacy for k examples: "
-                   "(k*eps, k*exp((k-1)*eps)*delta); it holds only for users with at most "
-                   "k examples"}
+                   f"converted by group privacy for k examples ({how}) at this delta; "
+                   "it holds only for users with at most k examples"}
 
 
 def describe_example_level_claim(claim):
     """One line: what example-level accounting with group privacy would claim."""
-    delta = (f"delta={claim['group_delta']:.3g}" if claim["group_delta"] < 1
-             else "delta>=1 (no guarantee)")
-    return (f"example-level accounting with group privacy for {claim['group_size']} "
-            f"examples would claim epsilon={claim['group_epsilon']:.4g} at {delta}")
+    head = f"example-level accounting with group privacy for {claim['group_size']} examples"
+    if math.isinf(claim["group_epsilon"]):
+        return f"{head} would claim no finite epsilon at delta={claim['group_delta']:.3g}"
+    return (f"{head} would claim epsilon={claim['group_epsilon']:.4g} "
+            f"at delta={claim['group_delta']:.3g}")

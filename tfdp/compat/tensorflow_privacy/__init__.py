@@ -15,8 +15,8 @@ and accounting are tfdp's:
   trained privately by its optimizer alone and refuses them).
 - `DPModel`, `DPSequential`: models that clip and noise themselves; compile
   them with a plain optimizer.
-- `compute_dp_sgd_privacy_statement`, `compute_dp_sgd_privacy`: the same
-  RDP figures as TF-Privacy. The statement is a `str` with the two epsilons
+- `compute_dp_sgd_privacy_statement`, `compute_dp_sgd_privacy`,
+  `AccountantType`: the same RDP or PLD figures as TF-Privacy. The statement is a `str` with the two epsilons
   also as attributes (`.epsilon_once_per_epoch`, `.epsilon_poisson`).
   They import no TensorFlow.
 
@@ -29,6 +29,7 @@ import importlib
 # The Keras classes import TensorFlow; the privacy statement does not, so
 # names are resolved on first access.
 _MODULES = {
+    "AccountantType": "privacy_statement",
     "DPModel": "dp_keras_model",
     "DPSequential": "dp_keras_model",
     "DPKerasAdagradOptimizer": "dp_keras_optimizer",
@@ -58,6 +59,7 @@ def __dir__():
 
 
 __all__ = [
+    "AccountantType",
     "DPKerasAdagradOptimizer",
     "DPKerasAdamOptimizer",
     "DPKerasOptimizer",

@@ -1,8 +1,8 @@
 """TF-Privacy's `compute_dp_sgd_privacy_statement` and `compute_dp_sgd_privacy`.
 
-Both figures of the statement are RDP bounds from `dp_accounting`'s
-`RdpAccountant` with its default orders (as TF-Privacy 0.9), for
-add-or-remove-one adjacency:
+The statement's figures are `dp_accounting` bounds, by its `RdpAccountant`
+with the default orders or its `PLDAccountant` (`accountant_type`, as
+TF-Privacy), for add-or-remove-one adjacency:
 
 - "each example occurring once per epoch": each epoch releases a Gaussian
   mechanism on the example (no subsampling amplification), composed over
@@ -15,10 +15,14 @@ add-or-remove-one adjacency:
 With `used_microbatching=True` (TF-Privacy's default) the noise multiplier
 is halved: one example changes its microbatch's clipped mean gradient by up
 to 2C under add/remove adjacency. With `max_examples_per_user=k`, a
-user-level epsilon follows by group privacy (Vadhan 2017, Lemma 2.2), with
-the example-level delta found by a line search.
+user-level epsilon follows by group privacy, as TF-Privacy computes it now
+(`tfdp.privacy.group_epsilon`): once per epoch, the k examples may meet in
+one step, so σ / k; with Poisson sampling, Vadhan (2017) Lemma 2.2 with a
+line search for the example-level delta (RDP), or a mixture of Gaussians
+(PLD, Ganesh 2024).
 """
 
+import enum
 import logging
 import math
 import textwrap
@@ -32,6 +36,13 @@ from tfdp import validation
 _LEGACY_ORDERS = (
     [1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 3.0, 3.5, 4.0, 4.5] + list(range(5, 64)) + [128, 256, 512]
 )
+
+
+class AccountantType(enum.Enum):
+    """TF-Privacy's choice of accountant for the privacy statement."""
+
+    RDP = "RDP"
+    PLD = "PLD"
 
 
 class PrivacyStatement(str):
@@ -56,89 +67,58 @@ class PrivacyStatement(str):
     user_epsilon_poisson = None
 
 
-def _example_epsilon(num_epochs, noise_multiplier, delta, used_microbatching, q=None):
-    """Example-level epsilon, add-or-remove-one, as TF-Privacy computes it."""
+def _accountant(accountant_type):
+    """TF-Privacy's `AccountantType` (or its value, 'RDP' or 'PLD') as tfdp's name."""
+    if isinstance(accountant_type, AccountantType):
+        return accountant_type
+    try:
+        return AccountantType(accountant_type)
+    except ValueError:
+        raise ValueError(
+            "accountant_type must be AccountantType.RDP or AccountantType.PLD "
+            f"(or 'RDP', 'PLD'). Received: accountant_type={accountant_type!r}"
+        ) from None
+
+
+def _check_run(num_epochs, noise_multiplier, delta):
     if num_epochs <= 0:
         raise ValueError(f"num_epochs must be > 0. Received: num_epochs={num_epochs}")
     validation.validate_noise_multiplier(noise_multiplier)
     if not 0 <= delta <= 1:
         raise ValueError(f"delta must be in [0, 1]. Received: delta={delta}")
-    sigma = noise_multiplier / 2 if used_microbatching else noise_multiplier
-    if q is None:
-        # One unamplified Gaussian per epoch: a Poisson rate of 1 is exactly
-        # the Gaussian mechanism in dp_accounting's RDP.
-        steps, q = int(math.ceil(num_epochs)), 1.0
-    else:
-        steps = int(math.ceil(num_epochs / q))
-    if sigma == 0:
-        return math.inf
-    if delta == 0:
-        return math.inf
-    if delta == 1:
-        return 0.0
-    return privacy.epsilon(sigma, steps, delta, sampling_rate=q, sampler="poisson")
 
 
-def _logexpm1(x):
-    return x + math.log(-math.expm1(-x))
+def _compositions(num_epochs, q):
+    # One Gaussian per epoch without sampling; one per expected step with it.
+    return int(math.ceil(num_epochs)) if q is None else int(math.ceil(num_epochs / q))
 
 
-def _user_epsilon(num_epochs, noise_multiplier, user_delta, max_examples_per_user,
-                  used_microbatching, q=None):
-    """User-level epsilon by group privacy (Vadhan 2017, Lemma 2.2).
+def _example_epsilon(num_epochs, noise_multiplier, delta, used_microbatching, q, accountant):
+    """Example-level epsilon, add-or-remove-one, as TF-Privacy computes it."""
+    _check_run(num_epochs, noise_multiplier, delta)
+    return _user_epsilon(num_epochs, noise_multiplier, delta, 1, used_microbatching, q,
+                         accountant)
 
-    Finds the example-level delta whose group-privacy delta for k examples is
-    `user_delta` (bisection in log delta), then returns k * example epsilon.
-    """
+
+def _user_epsilon(num_epochs, noise_multiplier, delta, max_examples_per_user,
+                  used_microbatching, q, accountant):
+    """User-level epsilon by group privacy (`tfdp.privacy.group_epsilon`)."""
+    _check_run(num_epochs, noise_multiplier, delta)
     k = max_examples_per_user
     if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
         raise ValueError(
             "max_examples_per_user must be a positive int. "
             f"Received: max_examples_per_user={k!r}"
         )
-    if not 0 <= user_delta <= 1:
-        raise ValueError(f"delta must be in [0, 1]. Received: delta={user_delta}")
-    if k == 1:
-        return _example_epsilon(num_epochs, noise_multiplier, user_delta, used_microbatching, q)
-    target = math.log(user_delta)
-    cache = {}
-
-    def example_eps(log_delta):
-        if log_delta not in cache:
-            cache[log_delta] = _example_epsilon(
-                num_epochs, noise_multiplier, math.exp(log_delta), used_microbatching, q
-            )
-        return cache[log_delta]
-
-    def gap(log_delta):
-        eps = example_eps(log_delta)
-        # The bound in the last line of Lemma 2.2's proof:
-        # user_delta = delta * (e^{k eps} - 1) / (e^{eps} - 1).
-        return log_delta + _logexpm1(k * eps) - _logexpm1(eps) - target
-
-    # gap increases with the example delta; bracket the root from below.
-    high = target
-    low = high - math.log(10)
-    gap_low = gap(low)
-    while gap_low > 0:
-        high = low - gap_low
-        low = high - math.log(10)
-        gap_low = gap(low)
-        if not math.isfinite(gap_low):
-            logging.warning(
-                "No finite user-level epsilon with %d examples per user.", k
-            )
-            return math.inf
-    low -= gap_low
-    for _ in range(200):
-        mid = 0.5 * (low + high)
-        if gap(mid) > 0:
-            high = mid
-        else:
-            low = mid
-        if high - low < 1e-12:
-            break
-    return k * example_eps(0.5 * (low + high))
+    sigma = noise_multiplier / 2 if used_microbatching else noise_multiplier
+    if delta == 0:
+        return math.inf
+    if delta == 1:
+        return 0.0
+    return privacy.group_epsilon(
+        sigma, _compositions(num_epochs, q), delta, k, sampling_rate=q,
+        accountant=accountant.value.lower(),
+    )
 
 
 def _fill(text):
@@ -153,6 +133,7 @@ def compute_dp_sgd_privacy_statement(
     delta,
     used_microbatching=True,
     max_examples_per_user=None,
+    accountant_type=AccountantType.RDP,
 ):
     """TF-Privacy's privacy statement of a DP-SGD run, with the same figures.
 
@@ -177,12 +158,15 @@ def compute_dp_sgd_privacy_statement(
             so pass `False` for it.
         max_examples_per_user: int or None. With a bound, a user-level
             guarantee is added. Defaults to `None`.
+        accountant_type: `AccountantType` (or `'RDP'`, `'PLD'`). The
+            accountant of every figure. Defaults to `AccountantType.RDP`.
 
     Returns:
         A `PrivacyStatement`: the statement text (a `str`), with
         `.epsilon_once_per_epoch` and `.epsilon_poisson` (and the user-level
         figures, or None).
     """
+    accountant = _accountant(accountant_type)
     q = batch_size / number_of_examples
     micro = "with" if used_microbatching else "without"
     head = (
@@ -201,12 +185,13 @@ def compute_dp_sgd_privacy_statement(
             "checkpoints in addition to the final model."
         ),
     ]
-    eps_epoch = _example_epsilon(num_epochs, noise_multiplier, delta, used_microbatching)
-    eps_poisson = _example_epsilon(num_epochs, noise_multiplier, delta, used_microbatching, q)
+    run = (num_epochs, noise_multiplier, delta)
+    eps_epoch = _example_epsilon(*run, used_microbatching, None, accountant)
+    eps_poisson = _example_epsilon(*run, used_microbatching, q, accountant)
     paragraphs.append(
         _fill(
             f"Example-level DP with add-or-remove-one adjacency at delta = {delta} "
-            "computed with RDP accounting:"
+            f"computed with {accountant.value} accounting:"
         )
         + _figures(f"{eps_epoch:12.3f}", f"{eps_poisson:12.3f}")
     )
@@ -221,10 +206,10 @@ def compute_dp_sgd_privacy_statement(
         )
     else:
         user_epoch = _user_epsilon(
-            num_epochs, noise_multiplier, delta, max_examples_per_user, used_microbatching
+            *run, max_examples_per_user, used_microbatching, None, accountant
         )
         user_poisson = _user_epsilon(
-            num_epochs, noise_multiplier, delta, max_examples_per_user, used_microbatching, q
+            *run, max_examples_per_user, used_microbatching, q, accountant
         )
         infinite_user = math.isinf(user_epoch) or math.isinf(user_poisson)
 
@@ -234,7 +219,7 @@ def compute_dp_sgd_privacy_statement(
         paragraphs.append(
             _fill(
                 f"User-level DP with add-or-remove-one adjacency at delta = {delta} "
-                "computed using RDP accounting and group privacy:"
+                f"computed using {accountant.value} accounting and group privacy:"
             )
             + _figures(shown(user_epoch), shown(user_poisson))
         )
