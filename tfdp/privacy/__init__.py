@@ -19,6 +19,7 @@ Public API:
 Imports no TensorFlow. See `docs/PRIVACY.md` for the accounting choices.
 """
 
+from tfdp.privacy import banded_mf
 from tfdp.privacy.accounting import ACCOUNTANTS
 from tfdp.privacy.accounting import DEFAULT_DELTAS
 from tfdp.privacy.accounting import PrivacyQuery
@@ -45,6 +46,7 @@ __all__ = [
     "DEFAULT_DELTAS",
     "SAMPLERS",
     "PrivacyLedger",
+    "banded_mf",
     "PrivacyQuery",
     "calibrate_noise",
     "default_delta",
