@@ -1,13 +1,33 @@
-"""Sweeps choose settings by validation accuracy; the test set gives the final number only."""
+"""Sweeps choose settings by validation accuracy; the test set gives the final number only.
 
+A private selection (`python -m tfdp.tuning --grid=...`) is accounted as
+dp_accounting's `RepeatAndSelectDpEvent`; choosing among existing runs is
+not, and says so.
+"""
+
+import io
+import json
+import math
 import os
 import stat
 import subprocess
 import sys
+from contextlib import redirect_stdout
+from unittest import mock
 
+import dp_accounting
+from dp_accounting import dp_event
+from dp_accounting.rdp import rdp_privacy_accountant
+import numpy as np
+import pytest
+from scipy import stats
 import tensorflow as tf
 
+from tfdp import privacy
 from tfdp import tuning
+from tfdp.tuning import cli
+from tfdp.tuning import private_selection
+from tfdp.tuning import trial_count as trial_count_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -94,3 +114,238 @@ class SelectByValidationTest(tf.test.TestCase):
     def test_scratch_models_sweep_selects_per_epsilon(self):
         _, out = self._sweep("sweep_scratch.sh", env={"SWEEP": "models"})
         self.assertEqual(out.count("selected by validation accuracy:"), 3)
+
+
+# The private selection's trainer stand-in: a finished run's summary.json and
+# ledger, with a validation accuracy that peaks at base_lr = 0.5.
+FAKE_RUN = dict(noise_multiplier=1.1, dataset_size=1000, batch_size=100, steps=50, delta=1e-5)
+PRIVATE_FLAGS = ["--gin_file=mnist_default.gin",
+                 "--gin_param=DataConfig.validation_fraction = 0.1"]
+
+
+def fake_trainer(trial_dir, gin_files, gin_params, seed, run=None):
+    del gin_files, seed
+    run = dict(FAKE_RUN, **(run or {}))
+    lr = float([p for p in gin_params if p.startswith("OptimizationConfig.base_lr")][-1]
+               .split("=")[1])
+    ledger = privacy.PrivacyLedger(run.pop("noise_multiplier"), **run)
+    os.makedirs(os.path.join(trial_dir, "checkpoints"))
+    with open(os.path.join(trial_dir, "checkpoints", "privacy_ledger.json"), "w") as f:
+        f.write(ledger.to_json())
+    with open(os.path.join(trial_dir, "summary.json"), "w") as f:
+        json.dump({"epsilon": ledger.epsilon(), "delta": ledger.delta,
+                   "test_accuracy": lr / 10,
+                   "not_covered_by_epsilon": {"validation_accuracy": 1 / (1 + abs(lr - 0.5))}},
+                  f)
+    with open(os.path.join(trial_dir, "model.keras"), "w") as f:
+        f.write(f"model of base_lr={lr}")
+    return 0
+
+
+def expected_selection_epsilon(mean, shape):
+    """dp_accounting's ε of the best of K ~ (mean, shape) runs of FAKE_RUN."""
+    q = FAKE_RUN["batch_size"] / FAKE_RUN["dataset_size"]
+    run = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(
+            FAKE_RUN["noise_multiplier"])), FAKE_RUN["steps"])
+    accountant = dp_accounting.rdp.RdpAccountant()
+    accountant.compose(dp_event.RepeatAndSelectDpEvent(run, mean, shape))
+    return accountant.get_epsilon(FAKE_RUN["delta"])
+
+
+class TrialCountTest(tf.test.TestCase):
+    """The count's distribution is fixed by its mean and shape, as dp_accounting accounts it."""
+
+    def _draws(self, trial_count, n=20000):
+        generator = np.random.default_rng(0)
+        return np.array([trial_count.sample(generator) for _ in range(n)])
+
+    def test_poisson_has_the_mean_and_variance(self):
+        draws = self._draws(tuning.TrialCount(4.0))
+        self.assertAllClose([draws.mean(), draws.var()], [4.0, 4.0], rtol=0.04)
+        self.assertGreater((draws == 0).sum(), 0)  # K = 0 happens: nothing is released.
+
+    def test_truncated_negative_binomial_has_its_mean_and_variance(self):
+        for shape in (0.0, 0.5, 1.0, 3.0):
+            trial_count = tuning.TrialCount(5.0, "truncated_negative_binomial", shape)
+            gamma = trial_count_lib.truncated_negative_binomial_gamma(shape, 5.0)
+            # The γ accounted is the γ sampled from.
+            self.assertEqual(
+                gamma, rdp_privacy_accountant._gamma_truncated_negative_binomial(shape, 5.0))
+            k = np.arange(1, 20000)
+            pmf = (stats.logser.pmf(k, 1 - gamma) if shape == 0
+                   else stats.nbinom.pmf(k, shape, gamma) / (1 - gamma ** shape))
+            mean, variance = (pmf * k).sum(), (pmf * k ** 2).sum() - (pmf * k).sum() ** 2
+            self.assertAllClose(mean, 5.0, rtol=1e-6)
+            draws = self._draws(trial_count)
+            self.assertGreaterEqual(draws.min(), 1)
+            self.assertAllClose([draws.mean(), draws.var()], [mean, variance], rtol=0.08,
+                                msg=f"shape={shape}")
+
+    def test_bad_distributions_are_refused(self):
+        for args, message in [((0.5,), "mean number of trials must be a finite number >= 1"),
+                              ((3, "poisson", 1.0), "Poisson has none"),
+                              ((3, "truncated_negative_binomial"), "needs a finite shape"),
+                              ((3, "binomial"), "must be one of")]:
+            with self.assertRaisesRegex(ValueError, message):
+                tuning.TrialCount(*args)
+
+    def test_the_count_comes_from_the_os_entropy(self):
+        with mock.patch("secrets.randbits", return_value=12345) as randbits:
+            trial_count_lib.secret_generator()
+        randbits.assert_called_once_with(128)
+
+
+class PrivateSelectionTest(tf.test.TestCase):
+
+    def _main(self, *flags, generator_seed=1, trainer=fake_trainer):
+        out = io.StringIO()
+        with mock.patch.object(private_selection, "run_trainer", trainer), \
+                mock.patch.object(trial_count_lib, "secret_generator",
+                                  lambda: np.random.default_rng(generator_seed)), \
+                redirect_stdout(out):
+            code = cli.main(list(flags))
+        return code, out.getvalue().splitlines()
+
+    def test_epsilon_is_repeat_and_select_of_the_runs_made(self):
+        for flags, (mean, shape) in [([], (3.0, math.inf)),
+                                     (["--distribution=truncated_negative_binomial",
+                                       "--shape=1"], (3.0, 1.0))]:
+            workdir = self.create_tempdir().full_path
+            code, lines = self._main(
+                *PRIVATE_FLAGS, "--grid=OptimizationConfig.base_lr=0.1,0.5,2.0",
+                "--grid=PrivacyConfig.l2_norm_clip=0.5,1.0", "--mean_trials=3",
+                f"--workdir={workdir}", *flags)
+            self.assertEqual(code, 0, lines)
+            with open(os.path.join(workdir, "selection.json")) as f:
+                record = json.load(f)
+            expected = expected_selection_epsilon(mean, shape)
+            self.assertEqual(record["epsilon"], expected)
+            self.assertGreater(record["epsilon"], record["run_epsilon"])
+            self.assertEqual(record["trial_count_distribution"]["mean"], 3.0)
+            trials = record["trial_count"]
+            self.assertGreaterEqual(trials, 1)
+            self.assertLen([d for d in os.listdir(workdir) if d.startswith("trial_")], trials)
+            self.assertLen(record["trials"], trials)
+            best = max(record["trials"], key=lambda t: t["validation_accuracy"])
+            self.assertEqual(record["selected_workdir"], best["workdir"])
+            self.assertEqual(record["setting"], best["setting"])
+            self.assertEqual(lines[-1].split(" for the selection")[0],
+                             f"final: test_accuracy={record['test_accuracy']:.4f} "
+                             f"epsilon={expected:.4f} delta=1e-05")
+            # The release: the selected model, and a record without the count or the trials.
+            selected = os.path.join(workdir, "selected")
+            self.assertCountEqual(os.listdir(selected),
+                                  ["model.keras", "summary.json", "selection.json"])
+            with open(os.path.join(selected, "selection.json")) as f:
+                public = json.load(f)
+            self.assertNotIn("trial_count", public)
+            self.assertNotIn("trials", public)
+            self.assertNotRegex(json.dumps(public), r"trial_\d")
+            self.assertEqual(public["epsilon"], expected)
+            self.assertTrue(os.path.isfile(os.path.join(best["workdir"], "NOT_FOR_RELEASE.txt")))
+            # The console names no trial (its index would tell that K is at least as large).
+            self.assertNotRegex("\n".join(lines), r"trial_\d")
+
+    def test_a_poisson_count_of_zero_releases_nothing(self):
+        workdir = self.create_tempdir().full_path
+        generator = mock.Mock(poisson=mock.Mock(return_value=0))
+        record = tuning.select_privately(
+            gin_files=["mnist_default.gin"], gin_params=["DataConfig.validation_fraction = 0.1"],
+            grid={"OptimizationConfig.base_lr": ["0.1"]}, trial_count=tuning.TrialCount(2.0),
+            workdir=workdir, generator=generator, trainer=fake_trainer)
+        self.assertIsNone(record["released"])
+        self.assertFalse(os.path.exists(os.path.join(workdir, "selected")))
+
+    def test_trials_that_were_different_events_are_not_released(self):
+        workdir = self.create_tempdir().full_path
+        steps = iter([50, 60, 70, 80, 90, 100, 110, 120, 130, 140])
+
+        def drifting_trainer(trial_dir, gin_files, gin_params, seed):
+            return fake_trainer(trial_dir, gin_files, gin_params, seed,
+                                run={"steps": next(steps)})
+
+        code, _ = self._main(*PRIVATE_FLAGS, "--grid=OptimizationConfig.base_lr=0.1,0.5",
+                             "--mean_trials=3", f"--workdir={workdir}",
+                             trainer=drifting_trainer)
+        self.assertEqual(code, 2)
+        self.assertFalse(os.path.exists(os.path.join(workdir, "selected")))
+
+    def test_refusals(self):
+        workdir = self.create_tempdir().full_path
+        lr = "--grid=OptimizationConfig.base_lr=0.1,0.5"
+        cases = [
+            ([lr, "--grid=PrivacyConfig.noise_multiplier=1.0,2.0",
+              "--gin_param=PrivacyConfig.target_epsilon = None"],
+             "may not change PrivacyConfig.noise_multiplier"),
+            ([lr, "--grid=EPOCHS=10,20"], "may not change OptimizationConfig.epochs"),
+            ([lr, "--grid=PrivacyConfig.delta=1e-5,1e-6"], "may not change PrivacyConfig.delta"),
+            ([lr, "--grid=DataConfig.validation_fraction=0.1,0.2"],
+             "may not change DataConfig.validation_fraction"),
+            ([lr, "--gin_param=DataConfig.validation_fraction = 0.0"],
+             "DataConfig.validation_fraction = 0.1"),
+            ([lr, "--gin_param=PrivacyConfig.insecure_reproducible_seed = 3"],
+             "noise is secret"),
+            (["--grid=OptimizationConfig.base_lr="], "BINDING=V1,V2"),
+            ([lr, "--mean_trials=0.5"], "mean number of trials"),
+            ([lr, "--shape=1"], "Poisson has none"),
+        ]
+        for flags, message in cases:
+            code = None
+            err = io.StringIO()
+            with mock.patch("sys.stderr", err):
+                code, _ = self._main(*PRIVATE_FLAGS, "--mean_trials=2",
+                                     f"--workdir={workdir}/w", *flags)
+            self.assertEqual(code, 2, flags)
+            self.assertIn(message, err.getvalue(), flags)
+            self.assertFalse(os.path.exists(f"{workdir}/w"), flags)
+
+    def test_a_workdir_in_use_is_refused(self):
+        workdir = self.create_tempdir().full_path
+        open(os.path.join(workdir, "x"), "w").close()
+        with self.assertRaisesRegex(ValueError, "runs once, into a new workdir"):
+            tuning.select_privately(
+                gin_files=["mnist_default.gin"],
+                gin_params=["DataConfig.validation_fraction = 0.1"],
+                grid={"OptimizationConfig.base_lr": ["0.1"]},
+                trial_count=tuning.TrialCount(2.0), workdir=workdir, trainer=fake_trainer)
+
+    def test_grid_values_split_on_top_level_commas(self):
+        self.assertEqual(tuning.parse_grid(["A.b=0.1, (1, 2),'x,y'", "C=1"]),
+                         {"A.b": ["0.1", "(1, 2)", "'x,y'"], "C": ["1"]})
+
+    @pytest.mark.slow
+    def test_a_real_selection_on_digits(self):
+        workdir = self.create_tempdir().full_path
+        out = io.StringIO()
+        with redirect_stdout(out):
+            code = cli.main([
+                "--gin_file=mnist_default.gin", "--gin_param=DataConfig.dataset = 'digits'",
+                "--gin_param=OptimizationConfig.epochs = 1",
+                "--gin_param=OptimizationConfig.logical_batch_size = 128",
+                "--gin_param=RunConfig.physical_batch_size = 64",
+                "--gin_param=PrivacyConfig.noise_multiplier = 1.0",
+                "--gin_param=PrivacyConfig.target_epsilon = None",
+                "--gin_param=DataConfig.validation_fraction = 0.1",
+                "--grid=OptimizationConfig.base_lr=0.1,0.5", "--mean_trials=1.5",
+                "--distribution=truncated_negative_binomial", "--shape=0",
+                f"--workdir={workdir}"])
+        self.assertEqual(code, 0)
+        with open(os.path.join(workdir, "selection.json")) as f:
+            record = json.load(f)
+        with open(os.path.join(record["selected_workdir"], "checkpoints",
+                               "privacy_ledger.json")) as f:
+            ledger = privacy.PrivacyLedger.from_json(f.read())
+        run = dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+            ledger.sampling_rate, dp_accounting.GaussianDpEvent(1.0)), ledger.steps)
+        accountant = dp_accounting.rdp.RdpAccountant()
+        accountant.compose(dp_event.RepeatAndSelectDpEvent(run, 1.5, 0.0))
+        self.assertEqual(record["epsilon"], accountant.get_epsilon(ledger.delta))
+        self.assertIn(f"epsilon={record['epsilon']:.4f}", out.getvalue().splitlines()[-1])
+        released = os.path.join(workdir, "selected")
+        self.assertTrue(os.path.isfile(os.path.join(released, "model.keras")))
+        self.assertFalse(os.path.exists(os.path.join(released, "checkpoints")))
+        for root, _, files in os.walk(released):  # Nothing released names a trial.
+            for name in files:
+                with open(os.path.join(root, name), "rb") as f:
+                    self.assertNotRegex(f.read(), rb"trial_\d", name)

@@ -1,4 +1,4 @@
-"""Choosing among the runs of a sweep by validation accuracy.
+"""Choosing among existing runs by validation accuracy: not accounted.
 
     python -m tfdp.tuning workdir/cifar10_vgg_noise_*
 
@@ -12,14 +12,13 @@ The selection itself is computed from private data (the validation split)
 without noise, so it spends privacy that no run's epsilon accounts for
 (Papernot & Steinke 2022). The printed lines say so: each run's epsilon
 covers that run only, and the epsilon of the released choice is not
-accounted (`selection_guarantee`).
+accounted (`selection_guarantee`). `python -m tfdp.tuning --grid=...`
+(`tfdp.tuning.private_selection`) runs a selection that is accounted.
 """
 
-import argparse
 import dataclasses
 import json
 import os
-import sys
 
 
 def read_summaries(workdirs):
@@ -143,22 +142,3 @@ def report(summaries, selected):
         f"final {test}; {selection_guarantee(summaries, selected).describe()}"
     )
     return lines
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("workdirs", nargs="+", help="Workdirs of the sweep's runs.")
-    args = parser.parse_args(argv)
-    try:
-        summaries = read_summaries(args.workdirs)
-        selected = select_by_validation(summaries)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print("\n".join(report(summaries, selected)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,5 @@
+import sys
+
+from tfdp.tuning.cli import main
+
+sys.exit(main())
