@@ -5,7 +5,6 @@ logical_batch_size=, ...)` returns one. See `tfdp.samplers.base.Sampler` for
 what every sampler knows.
 """
 
-from tfdp.samplers.banded_poisson import BandedPoissonSampler
 from tfdp.samplers.base import Sampler
 from tfdp.samplers.base import for_accounting
 from tfdp.samplers.base import make_sampler
@@ -15,6 +14,8 @@ from tfdp.samplers.base import sampler_class
 from tfdp.samplers.poisson import PoissonSampler
 from tfdp.samplers.shuffle import ShuffleSampler
 from tfdp.samplers.user_poisson import UserPoissonSampler
+# Imported last, so that it is registered (and listed, e.g. in --help) after the others.
+from tfdp.samplers.banded_poisson import BandedPoissonSampler  # noqa: E402,I001
 
 __all__ = [
     "BandedPoissonSampler",
