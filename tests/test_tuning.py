@@ -287,6 +287,8 @@ class PrivateSelectionTest(tf.test.TestCase):
             ([lr, "--gin_param=PrivacyConfig.insecure_reproducible_seed = 3"],
              "noise is secret"),
             (["--grid=OptimizationConfig.base_lr="], "BINDING=V1,V2"),
+            (["--grid=OptimizationConfig.base_lrr=0.1,0.5"],
+             "Did you mean 'OptimizationConfig.base_lr'"),
             ([lr, "--mean_trials=0.5"], "mean number of trials"),
             ([lr, "--shape=1"], "Poisson has none"),
         ]

@@ -24,6 +24,7 @@ the selection is not covered by any epsilon.
 import argparse
 import sys
 
+from tfdp import tensorflow_startup
 from tfdp.tuning import existing_runs
 from tfdp.tuning import private_selection
 from tfdp.tuning import trial_count as trial_count_lib
@@ -70,6 +71,8 @@ def select_privately(args):
                          f"workdir={args.workdir!r}")
     trial_count = trial_count_lib.TrialCount(args.mean_trials, args.distribution, args.shape)
     grid = private_selection.parse_grid(args.grid)
+    # The grid is checked as the trainer parses it, which imports TensorFlow.
+    tensorflow_startup.import_tensorflow()
     print(f"private selection: a secret number of trials ~ {trial_count.describe()}, each of a "
           f"setting drawn uniformly from {len(private_selection.grid_settings(grid))} settings; "
           f"the trials and their number stay private in {args.workdir}", flush=True)

@@ -116,8 +116,12 @@ def as_gin_params(setting):
 
 
 def _fixed_values(gin_files, gin_params):
-    """`{"PrivacyConfig.delta": value, ...}` of `FIXED_FIELDS`, as gin resolves them."""
-    config.parse(gin_files, gin_params, skip_unknown=True)
+    """`{"PrivacyConfig.delta": value, ...}` of `FIXED_FIELDS`, as gin resolves them.
+
+    Parsed as the trainer parses (`tfdp.config.parse`), so a misspelt
+    binding is refused here, before any trial, not in every trial.
+    """
+    config.parse(gin_files, gin_params)
     try:
         return {f"{cls.__name__}.{name}": getattr(cls(), name)
                 for cls, names in FIXED_FIELDS.items() for name in names}
@@ -335,7 +339,8 @@ def select_privately(*, gin_files, gin_params, grid, trial_count, workdir, seed=
     else:
         public.update(epsilon=None, released=None,
                       nothing_released="no trial was drawn" if count == 0 else
-                      "no trial finished with a validation accuracy")
+                      "no trial finished with a validation accuracy: see the trainer's logs, "
+                      f"{os.path.join(workdir, 'trial_*', 'train.log')} (private)")
     with open(os.path.join(workdir, "selection.json"), "w") as f:
         json.dump(dict(public, private=PRIVATE_NOTE, trial_count=count,
                        selected_workdir=selected.workdir if selectable else None,
