@@ -35,9 +35,9 @@ def secret_generator():
 def truncated_negative_binomial_mean(gamma, shape):
     """E[K] of the truncated negative binomial with parameters γ in (0, 1] and η ≥ 0.
 
-    P[K = k] ∝ C(k + η − 1, k)·γ'^k for k ≥ 1 in Papernot & Steinke's
-    Definition 1, where γ is the halting probability (γ' = 1 − γ); η = 0
-    is the logarithmic distribution, P[K = k] ∝ (1 − γ)^k / k.
+    P[K = k] ∝ C(k + η − 1, k)·(1 − γ)^k for k ≥ 1 (Papernot & Steinke's
+    Definition 1; γ is the halting probability); η = 0 is the logarithmic
+    distribution, P[K = k] ∝ (1 − γ)^k / k.
     """
     if shape == 1:
         return 1 / gamma
