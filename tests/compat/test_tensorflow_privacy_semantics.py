@@ -1,5 +1,6 @@
 """TF-Privacy's own tests' behaviour on tfdp.compat: outputs, regularizers, custom loops."""
 
+import dp_accounting
 import keras
 import numpy as np
 import pytest
@@ -50,3 +51,144 @@ def test_multi_dimensional_output_trains(num_microbatches):
     history = model.fit(x, y, epochs=1, batch_size=4, shuffle=False, verbose=0)
     assert np.isfinite(history.history["loss"][-1])
     assert all(np.all(np.isfinite(v.numpy())) for v in model.trainable_variables)
+
+
+# ----------------------------------------------------------------------
+# Custom training loops: minimize / _compute_gradients with a loss vector.
+# ----------------------------------------------------------------------
+
+
+def _squared(data, var):
+    """Per-example loss whose gradient in `var` is var - data."""
+    return 0.5 * tf.reduce_sum(tf.math.squared_difference(data, var), axis=1)
+
+
+def _two_variables():
+    var0, var1 = tf.Variable([1.0, 2.0]), tf.Variable([3.0])
+    data0 = tf.constant([[3.0, 4.0], [5.0, 6.0], [7.0, 8.0], [-1.0, 0.0]])
+    data1 = tf.constant([[8.0], [2.0], [3.0], [1.0]])
+    return var0, var1, lambda: _squared(data0, var0) + _squared(data1, var1)
+
+
+@pytest.mark.parametrize("cls, num_microbatches", [
+    (tensorflow_privacy.DPKerasSGDOptimizer, 1),
+    (tensorflow_privacy.DPKerasSGDOptimizer, None),
+    (tensorflow_privacy.DPKerasAdamOptimizer, 2),
+    (tensorflow_privacy.VectorizedDPKerasAdagradOptimizer, 4),
+])
+def test_compute_gradients_of_a_callable_or_taped_loss(cls, num_microbatches):
+    var0, var1, loss = _two_variables()
+    optimizer = cls(l2_norm_clip=100.0, noise_multiplier=0.0,
+                    num_microbatches=num_microbatches, learning_rate=2.0)
+    grads = optimizer._compute_gradients(loss, [var0, var1])
+    np.testing.assert_allclose(grads[0][0], [-2.5, -2.5], rtol=1e-6)
+    np.testing.assert_allclose(grads[1][0], [-0.5], rtol=1e-6)
+    with tf.GradientTape() as tape:
+        vector = loss()
+    grads = optimizer._compute_gradients(vector, [var0, var1], tape=tape)
+    np.testing.assert_allclose(grads[0][0], [-2.5, -2.5], rtol=1e-6)
+    assert int(optimizer.iterations) == 2  # Each release is counted.
+    with pytest.raises(ValueError, match="`tape` is required"):
+        optimizer._compute_gradients(vector, [var0, var1])
+
+
+@pytest.mark.parametrize("num_microbatches", [1, 2, 4])
+def test_microbatch_gradients_are_clipped_then_averaged(num_microbatches):
+    var0, var1 = tf.Variable([1.0, 2.0]), tf.Variable([3.0])
+    data0 = np.array([[3.0, 6.0], [5.0, 6.0], [4.0, 8.0], [-1.0, 0.0]], np.float32)
+    data1 = np.array([[8.0], [2.0], [3.0], [1.0]], np.float32)
+    clip = 2.5
+    optimizer = tensorflow_privacy.DPKerasSGDOptimizer(
+        l2_norm_clip=clip, noise_multiplier=0.0, num_microbatches=num_microbatches,
+        learning_rate=2.0)
+    grads = optimizer._compute_gradients(
+        lambda: _squared(data0, var0) + _squared(data1, var1), [var0, var1])
+    per_example = np.concatenate([var0.numpy() - data0, var1.numpy() - data1], axis=1)
+    means = per_example.reshape(num_microbatches, -1, 3).mean(axis=1)
+    norms = np.linalg.norm(means, axis=1, keepdims=True)
+    expected = (means * np.minimum(1.0, clip / norms)).mean(axis=0)
+    np.testing.assert_allclose(np.concatenate([g.numpy() for g, _ in grads]), expected,
+                               rtol=1e-5)
+
+
+def test_minimize_accumulates_and_applies_through_the_wrapped_optimizer():
+    var0, var1 = tf.Variable([[1.0, 2.0]]), tf.Variable([3.0])
+    x1 = tf.constant([[2.0, 0.0], [0.0, 1.0]])
+    x2 = tf.constant([[4.0, 2.0], [2.0, 1.0]])
+    optimizer = tensorflow_privacy.DPKerasSGDOptimizer(
+        l2_norm_clip=100.0, noise_multiplier=0.0, gradient_accumulation_steps=2,
+        learning_rate=1.0)
+    expected = [([[1.0, 2.0]], [3.0], 0), ([[-1.0, 1.0]], [2.0], 1),
+                ([[-1.0, 1.0]], [2.0], 1), ([[-4.0, -0.5]], [1.0], 2)]
+    for x, (w0, w1, steps) in zip([x1, x2, x2, x2], expected):
+        optimizer.minimize(lambda: tf.matmul(var0, x, transpose_b=True) + var1, [var0, var1])
+        np.testing.assert_allclose(var0.numpy(), w0, rtol=1e-6)
+        np.testing.assert_allclose(var1.numpy(), w1, rtol=1e-6)
+        assert int(optimizer.iterations) == steps
+    with pytest.raises(ValueError, match="gradient_accumulation_steps"):
+        optimizer._compute_gradients(lambda: var1 * 1.0, [var1])
+
+
+def test_noise_is_fresh_for_each_release_and_accounted():
+    var = tf.Variable(tf.zeros([2000]))
+    data = tf.zeros([16, 2000])
+    optimizer = tensorflow_privacy.DPKerasSGDOptimizer(
+        l2_norm_clip=4.0, noise_multiplier=1.0, num_microbatches=4, learning_rate=2.0)
+    first = optimizer._compute_gradients(lambda: _squared(data, var), [var])[0][0].numpy()
+    second = optimizer._compute_gradients(lambda: _squared(data, var), [var])[0][0].numpy()
+    # std sigma * C / microbatches, and no two releases share noise.
+    assert np.std(first) == pytest.approx(1.0, rel=0.1)
+    assert abs(np.corrcoef(first, second)[0, 1]) < 0.1
+    with pytest.raises(ValueError, match="dataset size N"):
+        optimizer.ledger()
+    # 16 examples a step, N = 160: 2 steps are one pass, at sensitivity 2C.
+    ledger = optimizer.ledger(dataset_size=160)
+    assert ledger.steps == 2
+    one_gaussian = dp_accounting.rdp.RdpAccountant().compose(
+        dp_accounting.GaussianDpEvent(0.5)).get_epsilon(ledger.delta)
+    assert ledger.epsilon() == pytest.approx(one_gaussian, rel=1e-6)
+
+
+def test_custom_loop_trains_a_model_in_a_tf_function():
+    x = np.random.default_rng(0).normal(size=(32, 4)).astype(np.float32)
+    y = (x @ np.array([[1.0], [-2.0], [0.5], [3.0]], np.float32)).astype(np.float32)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    optimizer = tensorflow_privacy.DPKerasSGDOptimizer(
+        l2_norm_clip=100.0, noise_multiplier=0.0, learning_rate=0.1)
+    loss_fn = keras.losses.MeanSquaredError(reduction=None)
+
+    @tf.function
+    def train_step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True))
+        optimizer.minimize(loss, model.trainable_variables, tape=tape)
+
+    first = float(tf.reduce_mean(loss_fn(y, model(x))))
+    for _ in range(20):
+        for start in range(0, 32, 8):
+            train_step(x[start:start + 8], y[start:start + 8])
+    assert float(tf.reduce_mean(loss_fn(y, model(x)))) < 0.2 * first
+    assert int(optimizer.iterations) == 80
+    with pytest.raises(ValueError, match="batch size of the first"):
+        train_step(x[:4], y[:4])
+    with pytest.raises(RuntimeError, match="make_private"):
+        optimizer.apply_gradients(zip([tf.zeros([4, 1]), tf.zeros([1])],
+                                      model.trainable_variables))
+    with pytest.raises(NotImplementedError, match="minimize"):
+        optimizer.get_gradients(None, model.trainable_variables)
+
+
+@pytest.mark.parametrize("to_zero", [False, True])
+def test_unconnected_gradients(to_zero):
+    used, unused = tf.Variable([1.0]), tf.Variable([2.0])
+    optimizer = tensorflow_privacy.VectorizedDPKerasSGDOptimizer(
+        l2_norm_clip=1.0, noise_multiplier=0.0, unconnected_gradients_to_zero=to_zero,
+        learning_rate=1.0)
+    loss = lambda: tf.stack([used[0] * 1.0, used[0] * 2.0])  # noqa: E731
+    if not to_zero:
+        with pytest.raises(ValueError, match="unconnected_gradients_to_zero=True"):
+            optimizer.minimize(loss, [used, unused])
+        return
+    optimizer.minimize(loss, [used, unused])
+    assert float(unused[0]) == 2.0 and float(used[0]) < 1.0
+    assert optimizer.get_config()["unconnected_gradients_to_zero"] is True

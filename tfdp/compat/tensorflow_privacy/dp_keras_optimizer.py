@@ -29,6 +29,7 @@ import keras
 import tensorflow as tf
 
 from tfdp import dpsgd_config
+from tfdp.compat.tensorflow_privacy import custom_loop
 from tfdp.compat.tensorflow_privacy import native_route
 from tfdp.keras import DPOptimizer
 
@@ -103,6 +104,12 @@ class DPKerasOptimizer(DPOptimizer):
       has sensitivity 2 and accounts noise multiplier sigma / 2, as
       TF-Privacy's statement does with `used_microbatching=True`.
 
+    - Custom training loops: `minimize(loss, var_list, tape=tape)` and
+      `_compute_gradients(loss, var_list, tape=tape)` take TF-Privacy's
+      vector of per-example losses (or a callable returning it); see
+      `tfdp.compat.tensorflow_privacy.custom_loop` for their accounting
+      (`ledger(dataset_size=N)`).
+
     Args:
         optimizer: `keras.optimizers.Optimizer`. Applied once per update.
         l2_norm_clip: float. Clipping bound C > 0 of each microbatch's mean
@@ -113,6 +120,9 @@ class DPKerasOptimizer(DPOptimizer):
             example.
         gradient_accumulation_steps: int. Batches per update, k >= 1.
             Defaults to `1`.
+        unconnected_gradients_to_zero: bool. In a custom loop, variables the
+            loss does not reach get zero gradients instead of an error.
+            Defaults to `False`.
         name: str or None. Optimizer name.
     """
 
@@ -123,6 +133,7 @@ class DPKerasOptimizer(DPOptimizer):
         noise_multiplier,
         num_microbatches=None,
         gradient_accumulation_steps=1,
+        unconnected_gradients_to_zero=False,
         name=None,
     ):
         native_route.log_native_route_once()
@@ -144,6 +155,9 @@ class DPKerasOptimizer(DPOptimizer):
         self.mechanism_builder.set_noise_divisor(
             None if num_microbatches is None else num_microbatches * k)
         self.num_microbatches = num_microbatches
+        self.unconnected_gradients_to_zero = bool(unconnected_gradients_to_zero)
+        # The batch size of a custom loop, fixed by its first call.
+        self.custom_loop_rows = None
 
     @property
     def tf_privacy_noise_multiplier(self):
@@ -166,6 +180,66 @@ class DPKerasOptimizer(DPOptimizer):
 
     def apply(self, grads, trainable_variables=None):
         raise RuntimeError(_PLAIN_MODEL)
+
+    # ------------------------------------------------------------------
+    # A custom training loop (TF-Privacy's loss vector and tape).
+    # ------------------------------------------------------------------
+
+    def minimize(self, loss, var_list, tape=None):
+        """One DP-SGD batch of a custom loop: clip, accumulate, noise, apply.
+
+        Each microbatch's mean loss gradient is clipped to C and summed;
+        after `gradient_accumulation_steps` batches the sum gets noise of std
+        σ·C once, is divided by the microbatches and applied by the wrapped
+        optimizer (`iterations` counts it).
+
+        Args:
+            loss: tensor `[B, ...]` of per-example losses recorded by `tape`,
+                or a callable returning it.
+            var_list: list of variables, or a callable returning it.
+            tape: `tf.GradientTape` or None. Required for a tensor loss.
+        """
+        custom_loop.minimize(self, loss, var_list, tape)
+
+    def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
+        """TF-Privacy's noised gradients of one batch: `[(gradient, variable)]`.
+
+        The clipped microbatch gradients are summed, noised once (σ·C) and
+        divided by the number of microbatches. Returning them releases them:
+        the release is counted in `iterations` (so in the ledger) here. To
+        train, call `minimize`, which applies them through the wrapped
+        optimizer; `apply_gradients` refuses gradients, as it does for a plain
+        model.
+
+        Args:
+            loss: tensor or callable, as `minimize`.
+            var_list: variables, as `minimize`.
+            grad_loss: must be None (TF-Privacy ignores it too).
+            tape: `tf.GradientTape` or None, as `minimize`.
+
+        Returns:
+            A list of `(noised gradient, variable)`.
+        """
+        if grad_loss is not None:
+            raise ValueError(
+                "grad_loss is not supported by DP optimizers: the per-example losses are "
+                f"differentiated as they are. Received: grad_loss={grad_loss!r}")
+        if self.accumulation_steps > 1:
+            raise ValueError(
+                "With gradient_accumulation_steps > 1 the noise is added once per update "
+                "of k batches, so one batch's noised gradients are not defined: call "
+                "minimize(loss, var_list, tape=tape) for each batch. Received: "
+                f"gradient_accumulation_steps={self.accumulation_steps}")
+        return custom_loop.noisy_gradients(self, loss, var_list, tape)
+
+    def get_gradients(self, loss, params):
+        """Raises: Keras 2's graph-mode `get_gradients` has no Keras 3 counterpart."""
+        raise NotImplementedError(
+            "get_gradients is Keras 2's graph-mode API (used by tf.estimator, which "
+            "TensorFlow no longer has); Keras 3 optimizers have no such method. In a "
+            "custom loop, record the per-example loss vector under a tf.GradientTape and "
+            "call minimize(loss, var_list, tape=tape), or _compute_gradients for the "
+            "noised gradients. Received: get_gradients(loss, params)")
 
     # ------------------------------------------------------------------
     # Accounting and serialisation.
@@ -281,6 +355,7 @@ class DPKerasOptimizer(DPOptimizer):
             "noise_multiplier": self.tf_privacy_noise_multiplier,
             "num_microbatches": self.num_microbatches,
             "gradient_accumulation_steps": self.accumulation_steps,
+            "unconnected_gradients_to_zero": self.unconnected_gradients_to_zero,
         }
 
     @classmethod
@@ -317,6 +392,7 @@ def make_keras_optimizer_class(cls):
         num_microbatches=None,
         gradient_accumulation_steps=1,
         *args,
+        unconnected_gradients_to_zero=False,
         **kwargs,
     ):
         DPKerasOptimizer.__init__(
@@ -326,6 +402,7 @@ def make_keras_optimizer_class(cls):
             noise_multiplier,
             num_microbatches=num_microbatches,
             gradient_accumulation_steps=gradient_accumulation_steps,
+            unconnected_gradients_to_zero=unconnected_gradients_to_zero,
             name=kwargs.get("name"),
         )
 
@@ -336,6 +413,7 @@ def make_keras_optimizer_class(cls):
             noise_multiplier=self.tf_privacy_noise_multiplier,
             num_microbatches=self.num_microbatches,
             gradient_accumulation_steps=self.accumulation_steps,
+            unconnected_gradients_to_zero=self.unconnected_gradients_to_zero,
         )
         return config
 
@@ -352,9 +430,10 @@ def make_keras_optimizer_class(cls):
     doc = (
         f"TF-Privacy's `{name}`: `keras.optimizers.{cls.__name__}` with DP-SGD.\n\n"
         f"`{name}(l2_norm_clip, noise_multiplier, num_microbatches=None,\n"
-        "gradient_accumulation_steps=1, **optimizer_kwargs)`. Compile it into\n"
-        "`tfdp.make_private(model)` and call `fit`. See `DPKerasOptimizer` for\n"
-        "the semantics.\n"
+        "gradient_accumulation_steps=1, unconnected_gradients_to_zero=False,\n"
+        "**optimizer_kwargs)`. Compile it into `tfdp.make_private(model)` and\n"
+        "call `fit`, or call `minimize(loss, var_list, tape=tape)` in a custom\n"
+        "loop. See `DPKerasOptimizer` for the semantics.\n"
     )
     klass = type(
         name,
