@@ -328,6 +328,14 @@ class DPOptimizer(keras.optimizers.Optimizer):
         """
         return fit_ledger.ledger(self, dataset_size=dataset_size, delta=delta, steps=steps)
 
+    # Layer weight regularizers are refused unless a subclass adds their
+    # gradient in `final_gradients` (the native route has `weight_decay`).
+    applies_weight_regularizers = False
+
+    def final_gradients(self, noisy_mean, variables):
+        """The gradients the wrapped optimizer applies: the noisy mean, by default."""
+        return noisy_mean
+
     @property
     def sensitivity(self):
         """How far one privacy unit moves a step's clipped sum, in units of C: 1.

@@ -65,7 +65,9 @@ def private_update(model, optimizer, per_example_loss, x, y, sample_weight=None,
     Returns:
         The predictions of the clipping forward pass (for metrics).
     """
-    regularized = _regularized_layers(model)
+    # Weight regularizers only where the optimizer adds their (data-free)
+    # gradient after the noise (`DPOptimizer.final_gradients`).
+    regularized = _regularized_layers(model, optimizer.applies_weight_regularizers)
     if regularized:
         raise NotImplementedError(
             "Layer regularizers are not part of the per-example loss of a "
@@ -125,11 +127,14 @@ def private_update(model, optimizer, per_example_loss, x, y, sample_weight=None,
     return y_pred
 
 
-def _regularized_layers(model):
+def _regularized_layers(model, weights_allowed=False):
     found = []
+    weights = ("kernel_regularizer", "bias_regularizer", "embeddings_regularizer",
+               "gamma_regularizer", "beta_regularizer")
+    # An activity regularizer depends on the data: never outside the clipping.
+    refused = ("activity_regularizer",) + (() if weights_allowed else weights)
     for layer in model._flatten_layers(include_self=True, recursive=True):
-        for attr in ("kernel_regularizer", "bias_regularizer", "activity_regularizer",
-                     "embeddings_regularizer", "gamma_regularizer", "beta_regularizer"):
+        for attr in refused:
             if getattr(layer, attr, None) is not None:
                 found.append(f"{layer.name}.{attr}")
     return found
@@ -283,5 +288,6 @@ class LogicalStep:
         self.micro_step.assign(0)
 
     def _apply(self, step, variables):
-        self._optimizer.inner_optimizer.apply(self.noisy_mean(step), variables)
+        grads = self._optimizer.final_gradients(self.noisy_mean(step), variables)
+        self._optimizer.inner_optimizer.apply(grads, variables)
         self._optimizer.account.record_release()
