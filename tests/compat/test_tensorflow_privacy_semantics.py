@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import tfdp
 from tfdp.compat import tensorflow_privacy
 
 
@@ -192,3 +193,47 @@ def test_unconnected_gradients(to_zero):
     optimizer.minimize(loss, [used, unused])
     assert float(unused[0]) == 2.0 and float(used[0]) < 1.0
     assert optimizer.get_config()["unconnected_gradients_to_zero"] is True
+
+
+# ----------------------------------------------------------------------
+# Layer weight regularizers on compat models.
+# ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sequential", [False, True])
+def test_weight_regularizer_gradient_is_added_after_the_noise(sequential):
+    # The data loss is zeroed, so one SGD(1.0) step of L2(0.025) on weights
+    # of one moves them to 1 - 2 * 0.025, as in TF-Privacy.
+    dense = keras.layers.Dense(1, kernel_initializer="ones", use_bias=False,
+                               kernel_regularizer=keras.regularizers.L2(0.025))
+    zero = keras.layers.Lambda(lambda t: t * 0.0)
+    kwargs = dict(l2_norm_clip=1e9, noise_multiplier=0.0)
+    if sequential:
+        model = tensorflow_privacy.DPSequential(layers=[keras.Input((10,)), dense, zero],
+                                                **kwargs)
+    else:
+        inputs = keras.Input((10,))
+        model = tensorflow_privacy.DPModel(inputs=inputs, outputs=zero(dense(inputs)), **kwargs)
+    model.compile(loss=keras.losses.MeanSquaredError(), optimizer=keras.optimizers.SGD(1.0))
+    x = np.arange(20, dtype=np.float32).reshape(2, 10)
+    model.fit(x, np.zeros((2, 1), np.float32), batch_size=2, epochs=1, verbose=0)
+    np.testing.assert_allclose(model.trainable_variables[0].numpy(),
+                               np.full((10, 1), 1.0 - 2.0 * 0.025), rtol=1e-6)
+
+
+def test_activity_regularizer_and_the_native_route_are_refused():
+    def model(**regularizer):
+        return keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, **regularizer)])
+
+    x, y = np.eye(4, dtype=np.float32), np.zeros((4,), np.int32)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    compat = tensorflow_privacy.DPSequential(
+        l2_norm_clip=1.0, noise_multiplier=0.0,
+        layers=model(activity_regularizer=keras.regularizers.L2(0.1)).layers)
+    compat.compile(optimizer=keras.optimizers.SGD(1.0), loss=loss)
+    with pytest.raises(NotImplementedError, match="activity_regularizer"):
+        compat.fit(x, y, batch_size=4, verbose=0)
+    native = tfdp.make_private(model(kernel_regularizer=keras.regularizers.L2(0.1)))
+    native.compile(optimizer=tfdp.DPOptimizer("sgd", 1.0, 0.0), loss=loss)
+    with pytest.raises(NotImplementedError, match="kernel_regularizer"):
+        native.fit(x, y, batch_size=4, verbose=0)

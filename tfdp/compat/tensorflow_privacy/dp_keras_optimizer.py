@@ -182,6 +182,35 @@ class DPKerasOptimizer(DPOptimizer):
         raise RuntimeError(_PLAIN_MODEL)
 
     # ------------------------------------------------------------------
+    # Layer weight regularizers, as TF-Privacy's DP models apply them.
+    # ------------------------------------------------------------------
+
+    applies_weight_regularizers = True
+
+    def final_gradients(self, noisy_mean, variables):
+        """The noisy mean plus the gradient of the layers' weight regularizers.
+
+        As TF-Privacy's `DPModel`: the regularization loss is left out of the
+        clipped per-example loss and its gradient is added to the noisy mean.
+        It depends on the weights only, never on the data, so it adds no
+        sensitivity (an activity regularizer, which would, is refused).
+        """
+        regularized = [(i, v) for i, v in enumerate(variables)
+                       if getattr(v, "regularizer", None) is not None]
+        if not regularized:
+            return noisy_mean
+        with tf.GradientTape() as tape:
+            penalties = [v.regularizer(v) for _, v in regularized]
+        grads = tape.gradient(penalties, [v for _, v in regularized])
+        context = tf.distribute.get_replica_context()
+        # Each replica's share; the wrapped optimizer's all-reduce sums them.
+        replicas = 1 if context is None else context.num_replicas_in_sync
+        grads_out = list(noisy_mean)
+        for (i, _), grad in zip(regularized, grads):
+            grads_out[i] = grads_out[i] + tf.cast(grad, grads_out[i].dtype) / replicas
+        return grads_out
+
+    # ------------------------------------------------------------------
     # A custom training loop (TF-Privacy's loss vector and tape).
     # ------------------------------------------------------------------
 
