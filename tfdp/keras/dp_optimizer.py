@@ -133,6 +133,12 @@ class DPOptimizer(keras.optimizers.Optimizer):
             logical step, chosen at random with the secret key (the others
             sit that step out). The `fit` batch size must be a multiple of
             it. Defaults to `None`.
+        bands: int. b >= 1: banded matrix-factorization noise over b secret
+            groups of the arrays ("banded_poisson"; docs/PRIVACY.md). Its
+            state is never saved: no resume from a Keras checkpoint.
+            Defaults to `1`: DP-SGD.
+        band_coefficients: sequence of b floats or None. The strategy's
+            coefficients. Defaults to `None`: the banded square root.
         num_microbatches: must be `None`: each privacy unit is clipped
             alone; use `gradient_accumulation_steps` for virtual steps.
         name: str or None. Optimizer name.
@@ -156,6 +162,8 @@ class DPOptimizer(keras.optimizers.Optimizer):
         accountant="rdp",
         privacy_unit="example",
         max_examples_per_user=None,
+        bands=1,
+        band_coefficients=None,
         num_microbatches=None,
         name=None,
         **kwargs,
@@ -170,7 +178,7 @@ class DPOptimizer(keras.optimizers.Optimizer):
             insecure_reproducible_seed=insecure_reproducible_seed,
             dataset_size=dataset_size, delta=delta, sampler=sampler, accountant=accountant,
             privacy_unit=privacy_unit, max_examples_per_user=max_examples_per_user,
-            gradient_accumulation_steps=k,
+            gradient_accumulation_steps=k, bands=bands, band_coefficients=band_coefficients,
         )
         super().__init__(learning_rate=0.0, name=name)
         self.inner_optimizer = optimizer
@@ -183,24 +191,16 @@ class DPOptimizer(keras.optimizers.Optimizer):
         # (never saved).
         self.logical_step = private_update.LogicalStep(self)
 
-    l2_norm_clip = _request_property(
-        "l2_norm_clip", "C, the mechanism's clipping bound.")
-    noise_multiplier = _request_property(
-        "noise_multiplier", "σ, the mechanism's noise multiplier.")
-    accountant = _request_property(
-        "accountant", 'The mechanism\'s accountant ("rdp" or "pld").')
-    expected_batch_size = _request_property(
-        "expected_batch_size", "B as asked for (privacy units per step), or None: from `fit`.")
-    dataset_size = _request_property(
-        "dataset_size", "N as asked for (privacy units), or None: from `fit`'s arrays.")
-    sampler = _request_property(
-        "sampler", "The sampler name asked for, or None: the route's default.")
-    privacy_unit = _request_property(
-        "privacy_unit", 'What ε protects: "example", or "user" (all of one user\'s data).')
-    max_examples_per_user = _request_property(
-        "max_examples_per_user", 'k under `privacy_unit="user"`, else None.')
-    fit_plan = _request_property(
-        "fit_plan", 'The `tfdp.keras.fit_plan.FitPlan` of the last `fit`, or None.')
+    l2_norm_clip = _request_property("l2_norm_clip", 'C, the clipping bound.')
+    noise_multiplier = _request_property("noise_multiplier", 'σ, the noise multiplier.')
+    accountant = _request_property("accountant", '"rdp" or "pld".')
+    expected_batch_size = _request_property("expected_batch_size", "B asked for, or None.")
+    dataset_size = _request_property("dataset_size", 'N as asked for, or None: from `fit`.')
+    sampler = _request_property("sampler", 'The sampler asked for, or None.')
+    privacy_unit = _request_property("privacy_unit", '"example" or "user".')
+    bands = _request_property("bands", 'b (1: DP-SGD).')
+    max_examples_per_user = _request_property("max_examples_per_user", 'k, or None.')
+    fit_plan = _request_property("fit_plan", "The last `fit`'s plan, or None.")
 
     @property
     def mechanism(self):

@@ -59,8 +59,9 @@ def accounting_mechanism(builder, dataset_size=None, delta=None):
     request = mech.config.replace(noise_multiplier=mech.noise_multiplier,
                                   target_epsilon=None, delta=delta)
     return mechanism_lib.DPSGD.from_config(
-        request, sampler=samplers.for_accounting(name, None, dataset_size=n,
-                                                 batch_size=min(batch, n)),
+        request, sampler=samplers.for_accounting(
+            name, None, dataset_size=n, batch_size=min(batch, n),
+            **({"bands": mech.bands} if samplers.sampler_class(name).takes_bands else {})),
         secret_key=mech.secret_key,
     )
 

@@ -140,8 +140,10 @@ def plan_fit(optimizer, *, arrays, dataset_size=None, physical_batch_size=None,
     Raises:
         ValueError: for a streamed input with a sampler that needs random
             access, for `shuffle=False` with an amplified sampler, for
-            missing sizes or user ids.
+            missing sizes or user ids, for a banded run restored from a
+            Keras checkpoint.
     """
+    optimizer.logical_step.check_resumable()
     plan = optimizer.mechanism_builder.plan(
         arrays=arrays, dataset_size=dataset_size, physical_batch_size=physical_batch_size,
         shuffle=shuffle, user_ids=user_ids)

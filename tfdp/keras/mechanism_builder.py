@@ -28,6 +28,9 @@ DEFAULT_SAMPLERS = {
     ("user", fit_plan_lib.SAMPLED): "user_poisson",
 }
 
+# The sampler of banded matrix-factorization noise (bands > 1) on every route.
+BANDED_SAMPLER = "banded_poisson"
+
 
 class MechanismBuilder:
     """The privacy request of a `DPOptimizer`, and the `DPSGD` of each `fit`.
@@ -59,12 +62,17 @@ class MechanismBuilder:
             the most examples of one user in a logical step.
         gradient_accumulation_steps: int. `fit` batches per logical step,
             for the default B.
+        bands: int. b >= 1: banded matrix-factorization noise over b bands
+            (the sampler "banded_poisson"); 1 is DP-SGD.
+        band_coefficients: sequence of b floats or None. The strategy's
+            coefficients; None: the banded square root.
     """
 
     def __init__(self, l2_norm_clip=None, noise_multiplier=None, *, mechanism=None,
                  expected_batch_size=None, insecure_reproducible_seed=None, dataset_size=None,
                  delta=None, sampler=None, accountant="rdp", privacy_unit="example",
-                 max_examples_per_user=None, gradient_accumulation_steps=1):
+                 max_examples_per_user=None, gradient_accumulation_steps=1, bands=1,
+                 band_coefficients=None):
         self.accumulation_steps = gradient_accumulation_steps
         self.fit_plan = None
         self.aggregator = None
@@ -81,7 +89,9 @@ class MechanismBuilder:
                              insecure_reproducible_seed=insecure_reproducible_seed,
                              dataset_size=dataset_size, delta=delta, sampler=sampler,
                              accountant=accountant, privacy_unit=privacy_unit,
-                             max_examples_per_user=max_examples_per_user)
+                             max_examples_per_user=max_examples_per_user,
+                             bands=None if bands == 1 else bands,
+                             band_coefficients=band_coefficients)
             return
         if l2_norm_clip is None or noise_multiplier is None:
             raise ValueError(
@@ -94,7 +104,8 @@ class MechanismBuilder:
         self.request = dpsgd_config.DPSGDConfig(
             l2_norm_clip, noise_multiplier, delta=delta, accountant=accountant,
             sampler=sampler, privacy_unit=privacy_unit,
-            max_examples_per_user=max_examples_per_user)
+            max_examples_per_user=max_examples_per_user, bands=bands,
+            band_coefficients=band_coefficients)
         self.expected_batch_size = (None if expected_batch_size is None else
                                     validation.validate_expected_batch_size(expected_batch_size))
         self.dataset_size = None if dataset_size is None else int(dataset_size)
@@ -232,7 +243,8 @@ class MechanismBuilder:
                 **self._sampler_options(cls, user_ids))
         elif n:
             # Accounting only: the per-pass bound needs N and B, not P.
-            sampler = samplers.for_accounting(name, None, dataset_size=n, batch_size=batch)
+            sampler = samplers.for_accounting(name, None, dataset_size=n, batch_size=batch,
+                                              **self._sampler_options(cls, None))
         key = (route, sampler, batch, self.delta, self.noise_divisor)
         if key != self._plan_key:
             if not self.given:
@@ -248,6 +260,11 @@ class MechanismBuilder:
                                              physical_batch_size)
         return self.fit_plan
 
+    @property
+    def bands(self):
+        """b: the bands of the noise (1 for DP-SGD)."""
+        return self.request.bands
+
     def _sampler_name(self, route):
         if self.given:
             sampler = self.mechanism.sampler
@@ -260,6 +277,8 @@ class MechanismBuilder:
                 )
         elif self.sampler is not None:
             return self.sampler
+        if self.bands > 1:  # Keeps each example's steps `bands` apart.
+            return BANDED_SAMPLER
         # A unit with one sampler (users) takes it on every route, which then
         # refuses the routes it cannot draw.
         return DEFAULT_SAMPLERS.get((self.privacy_unit, route),
@@ -304,7 +323,9 @@ class MechanismBuilder:
         return batch, n
 
     def _sampler_options(self, cls, user_ids):
-        """The sampler's own arguments: the users of the examples, for a user sampler."""
+        """The sampler's own arguments: its bands, or the users of the examples."""
+        if cls.takes_bands:
+            return {"bands": self.bands}
         if cls.privacy_unit == "example":
             return {}
         given = self.mechanism.sampler if self.given else None
@@ -350,4 +371,7 @@ class MechanismBuilder:
             "accountant": self.accountant,
             "privacy_unit": self.privacy_unit,
             "max_examples_per_user": self.max_examples_per_user,
+            "bands": self.bands,
+            "band_coefficients": (None if self.request.band_coefficients is None
+                                  else [float(c) for c in self.request.band_coefficients]),
         }

@@ -157,6 +157,11 @@ class LogicalStep:
     def __init__(self, optimizer):
         self._optimizer = optimizer
         self.accumulators = None
+        # Banded noise only: the last b − 1 noise tensors, and the releases
+        # that advanced them (never saved: the state is as secret as the key).
+        self.noise_state = None
+        self.noise_steps = distribute.replica_local_variable(
+            tf.constant(0, tf.int64), "dp_noise_steps", aggregation="first")
         self.micro_step = distribute.replica_local_variable(
             tf.constant(0, tf.int64), "dp_micro_step", aggregation="first")
         self.epoch_first_step = distribute.replica_local_variable(
@@ -176,6 +181,31 @@ class LogicalStep:
             distribute.replica_local_variable(tf.zeros(v.shape, v.dtype), "dp_accumulator")
             for v in var_list
         ]
+        bands = self._optimizer.bands
+        if bands > 1:
+            # Per replica w / R, summed across replicas (`NoisyAggregator`).
+            self.noise_state = [
+                distribute.replica_local_variable(
+                    tf.zeros([bands - 1, *v.shape], tf.float32), "dp_noise_state")
+                for v in var_list
+            ]
+
+    def check_resumable(self):
+        """Refuses a banded run restored from a Keras checkpoint (eager).
+
+        Its noise state and key are not saved, so the steps after a restore
+        would start a new strategy and a new group split, which the ledger
+        does not account.
+        """
+        iterations = int(self._optimizer.iterations.numpy())
+        if self._optimizer.bands > 1 and iterations != int(self.noise_steps.numpy()):
+            raise ValueError(
+                "A DPOptimizer with bands > 1 keeps its noise state and secret key in "
+                "memory only, so it cannot resume from a Keras checkpoint or saved "
+                "optimizer: train it in one process (several `fit` calls are fine), or use "
+                "the trainer (`python -m tfdp.train`), whose checkpoints keep both. "
+                f"Received: iterations={iterations} restored with bands="
+                f"{self._optimizer.bands}")
 
     def start_epoch(self):
         """Discards the unfinished logical step, unreleased (eager)."""
@@ -243,7 +273,7 @@ class LogicalStep:
         context = tf.distribute.get_replica_context()
         replicas = 1 if context is None else context.num_replicas_in_sync
         return self._optimizer.mechanism_builder.aggregator.noisy_mean(
-            self.accumulators, step, num_replicas=replicas)
+            self.accumulators, step, num_replicas=replicas, noise_state=self.noise_state)
 
     def release_or_drop(self, variables):
         """Stage 4: the wrapped optimizer's update, unless the account refuses it.
