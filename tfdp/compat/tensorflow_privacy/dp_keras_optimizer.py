@@ -29,6 +29,7 @@ import keras
 import tensorflow as tf
 
 from tfdp import dpsgd_config
+from tfdp import validation
 from tfdp.compat.tensorflow_privacy import custom_loop
 from tfdp.compat.tensorflow_privacy import native_route
 from tfdp.keras import DPOptimizer
@@ -53,6 +54,9 @@ def validate_arguments(l2_norm_clip, noise_multiplier, num_microbatches=None,
     Returns:
         A `tfdp.DPSGDConfig` of C and σ (TF-Privacy's, of each step).
     """
+    if noise_multiplier is None:
+        # TF-Privacy has no target ε to calibrate σ from: σ is required.
+        validation.validate_noise_multiplier(noise_multiplier)
     request = dpsgd_config.DPSGDConfig(l2_norm_clip, noise_multiplier)
     if num_microbatches is not None and (
         isinstance(num_microbatches, bool)
