@@ -26,7 +26,7 @@ class BenchCliTest(absltest.TestCase):
                 sys.executable, "-m", "tfdp.bench", "--model=small_convnet",
                 "--image_size=28", "--channels=1", "--batch_size=4",
                 "--steps=2", "--warmup=1", "--jit_compile=off",
-                "--methods=nonprivate,bk", "--json",
+                "--methods=nonprivate,bk", "--paired", "--json",
             ],
             capture_output=True, text=True, cwd=_REPO, env=env, timeout=600,
         )
@@ -238,6 +238,51 @@ class BenchCliTest(absltest.TestCase):
         self.assertIn("--methods=mixed", oom)
         self.assertIn("--timeout", children.failure_message("bk", 8, timeout=10.0))
 
+    def test_the_default_is_quick_and_all_is_the_full_table(self):
+        quick = cli.parse_args([])
+        self.assertEqual(quick.method_list, ["nonprivate", "auto"])
+        self.assertEqual(quick.jit_compile, "off")
+        self.assertFalse(quick.paired)  # One child per method: two in all.
+        full = cli.parse_args(["--methods=all", "--jit_compile=both"])
+        self.assertEqual(full.method_list,
+                         ["nonprivate", "vectorized", "ghost", "mixed", "bk"])
+        self.assertTrue(full.paired)
+        self.assertFalse(cli.parse_args(["--methods=all", "--no-paired"]).paired)
+        self.assertTrue(cli.parse_args(["--paired"]).paired)
+
+    def test_each_row_is_printed_as_it_is_measured(self):
+        # A stubbed child: the parent logs a progress line before each child
+        # and the row right after it, before the final table.
+        order = []
+
+        def fake_measure(args, method, jit, log_, progress=None):
+            log_(f"progress {progress} {method}")
+            order.append(method)
+            return {"method": method, "jit_compile": jit, "peak_rss_mb": 900.0,
+                    "rss_increase_mb": 10.0,
+                    "step_time_s": 0.1 if method == "nonprivate" else 0.15}
+
+        import contextlib
+        import io
+        from unittest import mock
+
+        out, err = io.StringIO(), io.StringIO()
+        with mock.patch.object(children, "measure", fake_measure), \
+                contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            self.assertEqual(cli.main([]), 0)
+        lines = err.getvalue().splitlines()
+        self.assertEqual(lines, [
+            "progress 1/2 nonprivate",
+            "[tfdp.bench] nonprivate (XLA off): 100.0 ms/step, peak RSS 900 MB",
+            "progress 2/2 auto",
+            "[tfdp.bench] auto (XLA off): 150.0 ms/step (1.50x non-private), peak RSS 900 MB",
+        ])
+        self.assertEqual(order, ["nonprivate", "auto"])
+        self.assertIn("auto", out.getvalue().splitlines()[-2])
+        self.assertIn("1.50x", out.getvalue())
+        error = tables.format_row_line({"method": "bk", "jit_compile": True, "error": "boom"})
+        self.assertEqual(error, "[tfdp.bench] bk (XLA on): ERROR boom")
+
     def test_rejects_unknown_method(self):
         with self.assertRaises(SystemExit):
             cli.main(["--methods=nonprivate,bogus"])
@@ -290,7 +335,7 @@ class BenchHelpTest(absltest.TestCase):
         text = out.getvalue()
         for option, default in (("--image_size", "32"), ("--batch_size", "32"),
                                 ("--model", "resnet18"), ("--l2_norm_clip", "1.0"),
-                                ("--steps", "10"), ("--jit_compile", "both")):
+                                ("--steps", "10"), ("--jit_compile", "off")):
             block = text.split(f"  {option}", 1)[1].split("\n  --", 1)[0]
             self.assertIn(f"(default: {default})", " ".join(block.split()), option)
 

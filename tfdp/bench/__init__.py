@@ -4,6 +4,12 @@ Run, e.g.::
 
     python -m tfdp.bench --model=resnet18 --image_size=32 --batch_size=32
 
+By default it compares non-private training with tfdp's default clipping
+method ("auto"), XLA off: two children, a line for each as it finishes,
+then the table. `--methods=all --jit_compile=both` measures every method
+with XLA off and on, each private method also paired with non-private
+training in one process.
+
 Every (method, jit_compile) pair runs in its own subprocess, so that the peak
 resident set size (`getrusage(RUSAGE_SELF).ru_maxrss`) is that method's own.
 TensorFlow's import dominates RSS, so the increase of the peak over the RSS

@@ -84,15 +84,20 @@ def failure_message(method, batch_size, *, returncode=None, out_of_memory=False,
     return f"{method} at batch {batch_size} failed (exit {returncode}): {detail}"
 
 
-def spawn(args, method, jit, log, batch_size=None, batches=None, paired=False):
-    """Runs one child; returns `(marked results, failure message or None)`."""
+def spawn(args, method, jit, log, batch_size=None, batches=None, paired=False,
+          progress=None):
+    """Runs one child; returns `(marked results, failure message or None)`.
+
+    Its progress line (`log`) says what it measures, before it starts:
+    a child takes from seconds to minutes. `progress` (e.g. "2/3") leads it.
+    """
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env.setdefault("KERAS_BACKEND", "tensorflow")
     batch_size = batch_size or args.batch_size
-    log(f"[tfdp.bench] {method}{' paired with nonprivate' if paired else ''} "
-        f"jit_compile={jit} batch "
-        f"{','.join(str(b) for b in batches) if batches else batch_size} ...")
+    log(f"[tfdp.bench]{f' {progress}' if progress else ''} measuring {method}"
+        f"{' paired with nonprivate' if paired else ''} (XLA {'on' if jit else 'off'}, "
+        f"batch {','.join(str(b) for b in batches) if batches else batch_size}) ...")
     tried = max(batches) if batches else batch_size
     try:
         proc = subprocess.run(
@@ -123,9 +128,9 @@ def _next_batch(results, batches, default):
     return batches[min(len(results), len(batches) - 1)]
 
 
-def measure(args, method, jit, log):
+def measure(args, method, jit, log, progress=None):
     """Times `method` at `--batch_size` in one child: its result, or one with "error"."""
-    results, failure = spawn(args, method, jit, log)
+    results, failure = spawn(args, method, jit, log, progress=progress)
     if results and "error" not in results[0]:
         return results[0]
     if results and results[0]["error"] == "out_of_memory":

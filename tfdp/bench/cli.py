@@ -16,7 +16,12 @@ from tfdp.bench import children, runners, search, tables
 from tfdp.bench.models import MODELS
 
 ALL_METHODS = ("nonprivate", "naive", "vectorized", "ghost", "mixed", "bk", "auto")
-DEFAULT_METHODS = ("nonprivate", "vectorized", "ghost", "mixed", "bk")
+# The quick default: non-private training against tfdp's default clipping
+# method (one child each, about a minute on 2 cores).
+DEFAULT_METHODS = ("nonprivate", "auto")
+# `--methods=all`: every method that bounds each example's gradient its own
+# way (naive is the slow reference, auto one of these; both can be named).
+FULL_METHODS = ("nonprivate", "vectorized", "ghost", "mixed", "bk")
 
 
 def parse_args(argv):
@@ -36,11 +41,13 @@ def parse_args(argv):
     parser.add_argument("--batch_size", type=int, default=32, help="The physical batch.")
     parser.add_argument(
         "--methods", default=",".join(DEFAULT_METHODS),
-        help=f"Comma-separated subset of {','.join(ALL_METHODS)}.",
+        help=f"Comma-separated subset of {','.join(ALL_METHODS)}, or 'all' for "
+        f"{','.join(FULL_METHODS)}. The default compares non-private training with the "
+        "default clipping method ('auto').",
     )
     parser.add_argument("--steps", type=int, default=10, help="Timed steps.")
     parser.add_argument("--warmup", type=int, default=3, help="Untimed steps.")
-    parser.add_argument("--jit_compile", default="both", choices=("both", "on", "off"),
+    parser.add_argument("--jit_compile", default="off", choices=("both", "on", "off"),
                         help="XLA off, on, or both (each method measured twice).")
     parser.add_argument(
         "--repeats", type=int, default=1,
@@ -83,11 +90,13 @@ def parse_args(argv):
         "0 reports the largest fitting power-of-two multiple of --batch_size.",
     )
     parser.add_argument(
-        "--paired", action=argparse.BooleanOptionalAction, default=True,
+        "--paired", action=argparse.BooleanOptionalAction, default=None,
         help="Time each private method against non-private training in one more "
         "process, alternating their steps (column 'x time'): a time ratio that the "
         "machine's drift between processes does not move. --no-paired skips it, and "
-        "'x time' is then the separate processes' ratio ('x sep').",
+        "'x time' is then the separate processes' ratio ('x sep'). Defaults to on for "
+        "several private methods or --jit_compile=both (the full table), off for one "
+        "(the quick default).",
     )
     parser.add_argument("--json", action="store_true", help="Print a JSON list.")
     # Internal: run one measurement in this process.
@@ -97,10 +106,15 @@ def parse_args(argv):
     parser.add_argument("--child_paired", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if methods == ["all"]:
+        methods = list(FULL_METHODS)
     unknown = [m for m in methods if m not in ALL_METHODS]
     if unknown:
         parser.error(f"unknown methods {unknown}; expected a subset of {ALL_METHODS}")
     args.method_list = methods
+    if args.paired is None:
+        private = [m for m in methods if m != "nonprivate"]
+        args.paired = len(private) > 1 or args.jit_compile == "both"
     if args.steps < 1 or args.warmup < 0 or args.repeats < 1 or args.virtual_steps < 1:
         parser.error("--steps, --repeats and --virtual_steps must be >= 1 and --warmup >= 0")
     if args.batch_size < 1 or args.max_batch_size < args.batch_size or args.search_refine < 0:
@@ -142,11 +156,14 @@ def main(argv=None):
         return 0 if all(r.get("max_batch_size") for r in results) else 1
 
     results = []
+    total, done = len(jits) * args.repeats * len(methods), 0
     for jit in jits:
         best = {}
         for _ in range(args.repeats):
             for method in methods:
-                r = children.measure(args, method, jit, log)
+                done += 1
+                r = children.measure(args, method, jit, log, progress=f"{done}/{total}")
+                log(tables.format_row_line(r, best.get("nonprivate")))
                 old = best.get(method)
                 if old is None or ("error" in old and "error" not in r) or (
                     "error" not in r and r["step_time_s"] < old["step_time_s"]

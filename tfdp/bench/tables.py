@@ -205,10 +205,30 @@ def format_table(results):
             lines.append(f"No paired timing for {', '.join(unpaired)} (see the log): "
                          f"x time is x sep there.")
     elif private:
-        lines.append("x time: one process per method (--no-paired, or the paired children "
-                     "failed: see the log), best of --repeats; it also holds the machine's "
-                     "drift between processes.")
+        lines.append("x time: one process per method (no paired timing: one private method "
+                     "by default, --no-paired, or the paired children failed: see the log), "
+                     "best of --repeats; it also holds the machine's drift between processes. "
+                     "--paired times each against non-private in one process.")
     return "\n".join(lines)
+
+
+def format_row_line(result, nonprivate=None):
+    """One line for `result` as soon as it is measured, before the final table.
+
+    Args:
+        result: dict. One child's result (or one with "error").
+        nonprivate: dict or None. Non-private training's result with the
+            same `jit_compile`, measured before, for the separate processes'
+            time ratio.
+    """
+    head = f"[tfdp.bench] {result['method']} (XLA {'on' if result['jit_compile'] else 'off'})"
+    if "error" in result:
+        return f"{head}: ERROR {result['error']}"
+    line = f"{head}: {result['step_time_s'] * 1e3:.1f} ms/step"
+    if (nonprivate is not None and "error" not in nonprivate
+            and result["method"] != "nonprivate"):
+        line += f" ({result['step_time_s'] / nonprivate['step_time_s']:.2f}x non-private)"
+    return line + f", peak RSS {result['peak_rss_mb']:.0f} MB"
 
 
 def format_noise_draw(results):
