@@ -70,7 +70,7 @@ def test_every_trainer_setting_moved_to_a_config():
     assert moved["train.l2_norm_clip"] == "PrivacyConfig.l2_norm_clip"
     assert moved["train.physical_batch_size"] == "RunConfig.physical_batch_size"
     assert "train.dpsgd_config" not in moved  # Made by PrivacyConfig, not bound.
-    assert len(moved) == 40
+    assert len(moved) == 42
 
 
 def test_default_workdir_differs_by_binding():

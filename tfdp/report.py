@@ -242,6 +242,14 @@ def _header(record, summary):
             if record.get(name) is not None:
                 label = f"{name} ({NOT_COVERED})" if name in _PRIVATE_COUNTS else name
                 rows.append((label, record[name]))
+        if (record.get("bands") or 1) > 1:
+            # A banded run samples each example at b·B / N within its group:
+            # the q that is accounted, beside the b and coefficients it rests on.
+            rows += [(name, record[name]) for name in ("bands", "band_coefficients")
+                     if record.get(name) is not None]
+            if (summary or {}).get("sampling_probability") is not None:
+                rows.append(("sampling_probability (within a group)",
+                             summary["sampling_probability"]))
     for name in ("epsilon", "test_accuracy", "wall_time_s"):
         if summary and summary.get(name) is not None:
             rows.append((name, summary[name]))
@@ -284,6 +292,8 @@ def _not_covered(summary):
 def _format(value):
     if isinstance(value, float):
         return f"{value:.6g}"
+    if isinstance(value, list):  # A banded strategy's coefficients.
+        return ", ".join(_format(v) for v in value)
     return str(value)
 
 

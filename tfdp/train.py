@@ -134,8 +134,11 @@ def train(workdir, seed=0, strategy_name=None, dry_run=False, *, data_config=Non
         return dry_run_lib.dry_run(model, step_fn, data.info, plan, batching,
                                    clipping_plan=clipping_plan, probe_settings=probe)
 
-    # Weights, optimizer state (its iteration count is the step) and ledger.
-    state = resume.restore_run(workdir, dist, model, optimizer, ema, plan)
+    # Weights, optimizer state (its iteration count is the step), ledger and,
+    # for banded noise, the last b - 1 noise tensors: a resumed run continues
+    # the same correlated noise.
+    state = resume.restore_run(workdir, dist, model, optimizer, ema, plan,
+                               noise_state=getattr(step_fn, "noise_state", None))
     finished = reporting.finished_summary(out_dir, state.start_step, plan.budget_steps, workdir)
     if finished is not None:
         return finished

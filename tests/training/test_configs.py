@@ -18,7 +18,7 @@ DEFAULTS = {
         private=True, sampler="poisson", l2_norm_clip=1.0, noise_multiplier=None,
         target_epsilon=None, delta=None, accountant="rdp", privacy_unit="example",
         max_examples_per_user=None, clipping_method="auto", clipping_memory_budget_mb=None,
-        insecure_reproducible_seed=None),
+        bands=1, band_coefficients="sqrt", insecure_reproducible_seed=None),
     training.OptimizationConfig: dict(
         epochs=10.0, logical_batch_size=256, base_lr=0.1, lr_schedule="cosine",
         warmup_epochs=0.0, weight_decay=0.0, optimizer_fn=None),
@@ -87,7 +87,41 @@ def test_privacy_request_is_validated_by_dpsgd_config():
     (training.RunConfig, dict(eval_batch_size=0), "eval_batch_size"),
     (training.RunConfig, dict(checkpoint_every_steps=0), "checkpoint_every_steps"),
     (training.PrivacyConfig, dict(private=False, privacy_unit="user"), "private training"),
+    (training.PrivacyConfig, dict(private=False, bands=2), "private training"),
+    (training.PrivacyConfig, dict(noise_multiplier=1.0, bands=0), "bands"),
+    (training.PrivacyConfig, dict(noise_multiplier=1.0, bands=2, sampler="shuffle"),
+     "sampler='shuffle' cannot"),
+    (training.PrivacyConfig, dict(noise_multiplier=1.0, bands=2, privacy_unit="user",
+                                  max_examples_per_user=2), "privacy_unit='example' only"),
+    (training.PrivacyConfig, dict(noise_multiplier=1.0, bands=2, band_coefficients="best"),
+     "band_coefficients"),
+    (training.PrivacyConfig, dict(noise_multiplier=1.0, bands=2, band_coefficients=[1.0]),
+     "2-banded strategy has 2 coefficients"),
+    (training.PrivacyConfig, dict(noise_multiplier=1.0, bands=2, band_coefficients=[1.0, 0.5]),
+     "norm"),
 ])
 def test_each_config_checks_its_fields(cls, changes, message):
     with pytest.raises(ValueError, match=f"{message}.*Received: "):
         cls(**changes)
+
+
+def test_bands_pick_the_banded_sampler_and_their_coefficients():
+    from tfdp.privacy import banded_mf
+
+    plain = training.PrivacyConfig(noise_multiplier=1.0)
+    assert plain.sampler_name == "poisson" and plain.dpsgd_config.bands == 1
+    assert plain.request_for(100) is plain.dpsgd_config
+    banded = training.PrivacyConfig(noise_multiplier=1.0, bands=4)
+    assert banded.sampler_name == "banded_poisson"
+    assert banded.dpsgd_config.bands == 4
+    assert banded.request_for(100).strategy_coefficients == (
+        banded_mf.square_root_coefficients(4))
+    optimized = training.PrivacyConfig(noise_multiplier=1.0, bands=4,
+                                       band_coefficients="optimized")
+    assert optimized.request_for(469).strategy_coefficients == (
+        banded_mf.optimized_coefficients(4, 469))
+    given = training.PrivacyConfig(noise_multiplier=1.0, bands=2, band_coefficients=[0.8, 0.6])
+    assert given.request_for(10).strategy_coefficients == (0.8, 0.6)
+    # At b = 1 every choice is DP-SGD's.
+    one = training.PrivacyConfig(noise_multiplier=1.0, band_coefficients="optimized")
+    assert one.request_for(469).strategy_coefficients == (1.0,)

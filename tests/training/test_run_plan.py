@@ -90,6 +90,20 @@ class RunPlanTest(tf.test.TestCase):
                                    logical_batch_size=50, physical_batch_size=64,
                                    pad_granule="auto", replicas=1)
 
+    def test_banded_batching_draws_from_b_groups_of_at_least_b_times_the_batch(self):
+        batching = run_plan.make_batching(
+            N, sampler="banded_poisson", privacy_unit="example", group_size=1,
+            logical_batch_size=50, physical_batch_size=64, pad_granule="auto", replicas=1,
+            bands=4)
+        self.assertEqual(batching.sampler.name, "banded_poisson")
+        self.assertEqual(batching.sampler.bands, 4)
+        self.assertAllClose(batching.sampler.group_sampling_rate, 4 * 50 / N)
+        with self.assertRaisesRegex(ValueError, "bands × logical_batch_size must not exceed"):
+            run_plan.make_batching(
+                N, sampler="banded_poisson", privacy_unit="example", group_size=1,
+                logical_batch_size=50, physical_batch_size=64, pad_granule="auto",
+                replicas=1, bands=21)
+
     def test_user_batching_counts_users(self):
         rng = np.random.default_rng(0)
         source = data.ArraySource(rng.normal(size=(60, 2, 2, 1)).astype("float32"),

@@ -36,7 +36,12 @@ def write_outputs(out_dir, model, ema, reporter, plan, state, data, *, steps, ep
     if config.export_model:
         model_setup.export_model(model, ema, out_dir)
     mechanism, key = plan.mechanism, plan.key
+    bands = mechanism.bands if mechanism is not None else 1
     summary = reporter.summary(
+        bands=bands,
+        # The accounted rate: within an example's group when banded.
+        sampling_probability=(plan.sampler.group_sampling_rate if bands > 1
+                              else plan.sampler.sampling_rate),
         epsilon=epsilon, delta=plan.delta, steps=steps,
         noise_multiplier=mechanism.noise_multiplier if mechanism else 0.0,
         dataset_size=plan.sampler.dataset_size, validation_size=len(data.validation or []),

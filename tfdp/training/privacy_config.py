@@ -5,6 +5,26 @@ import dataclasses
 import gin
 
 from tfdp import dpsgd_config
+from tfdp.privacy import banded_mf
+
+_COEFFICIENT_CHOICES = ("sqrt", "optimized")
+# "poisson" with bands > 1 draws from "banded_poisson", Poisson's b-group form.
+_BANDED_SAMPLERS = ("poisson", "banded_poisson")
+
+
+def _given_coefficients(band_coefficients):
+    """Explicit coefficients, or None for "sqrt" and "optimized"; else a clear error."""
+    if isinstance(band_coefficients, str):
+        if band_coefficients not in _COEFFICIENT_CHOICES:
+            raise ValueError(
+                f"band_coefficients must be one of {_COEFFICIENT_CHOICES} or a sequence of b "
+                f"numbers. Received: band_coefficients={band_coefficients!r}")
+        return None
+    if not isinstance(band_coefficients, (list, tuple)):
+        raise ValueError(
+            f"band_coefficients must be one of {_COEFFICIENT_CHOICES} or a sequence of b "
+            f"numbers. Received: band_coefficients={band_coefficients!r}")
+    return tuple(band_coefficients)
 
 
 @gin.configurable(module="tfdp.training")
@@ -22,8 +42,9 @@ class PrivacyConfig:
             clipping, no noise, no epsilon. Defaults to True.
         sampler: str. "poisson" (amplified by sampling) or "shuffle"
             (fixed-size batches, each example once per pass, accounted for
-            any order without amplification); see `tfdp.samplers`. Defaults
-            to "poisson".
+            any order without amplification); see `tfdp.samplers`. With
+            `bands` > 1, "poisson" means "banded_poisson" (Poisson sampling
+            within b groups of the examples). Defaults to "poisson".
         l2_norm_clip: float. Per-example clipping bound C. Defaults to 1.
         noise_multiplier: float or None. σ (noise std σ·C on the sum). If
             None, calibrated from `target_epsilon`. Defaults to None.
@@ -54,6 +75,21 @@ class PrivacyConfig:
             at the replica batch, as `tfdp.dp.plan` estimates it; "auto"
             then picks book-keeping if it fits, else mixed, and the log says
             why. Defaults to None (book-keeping).
+        bands: int. b >= 1. b > 1: banded matrix-factorization DP-SGD
+            (docs/PRIVACY.md, "Banded matrix factorization"): the noise is
+            correlated across b steps, which lowers the noise the model
+            accumulates; the examples are split into b secret groups and
+            step t samples group t mod b at b times the rate, and ε counts
+            ⌈T/b⌉ rounds. Needs sampler "poisson" (or "banded_poisson"),
+            privacy_unit "example" and b × logical_batch_size <= N; keeps b − 1
+            noise tensors of the size of the trainable variables per replica.
+            Defaults to 1 (DP-SGD).
+        band_coefficients: str or sequence of floats. The banded strategy's
+            coefficients c_0 … c_{b-1}: "sqrt", the banded square root;
+            "optimized", `tfdp.privacy.banded_mf.optimized_coefficients(b,
+            planned steps)` (lower noise for the planned steps); or b
+            numbers with c_0 > 0 and Euclidean norm <= 1. Ignored at b = 1.
+            Defaults to "sqrt".
         insecure_reproducible_seed: int or None. INSECURE, for tests and
             reproducible research: derive the noise and the sampling from
             this public seed instead of a secret key from the OS's entropy.
@@ -72,6 +108,8 @@ class PrivacyConfig:
     max_examples_per_user: object = None
     clipping_method: str = "auto"
     clipping_memory_budget_mb: object = None
+    bands: int = 1
+    band_coefficients: object = "sqrt"
     insecure_reproducible_seed: object = None
     # The privacy request of a private run (None when non-private), made
     # and validated with this config.
@@ -79,22 +117,58 @@ class PrivacyConfig:
                                              compare=False)
 
     def __post_init__(self):
+        given = _given_coefficients(self.band_coefficients)
+        object.__setattr__(self, "bands", banded_mf.validate_bands(self.bands))
         if not self.private:
-            if self.privacy_unit != "example" or self.max_examples_per_user is not None:
+            if (self.privacy_unit != "example" or self.max_examples_per_user is not None
+                    or self.bands != 1):
                 raise ValueError(
-                    "privacy_unit and max_examples_per_user are for private training. "
+                    "privacy_unit, max_examples_per_user and bands are for private training. "
                     f"Received: private=False, privacy_unit={self.privacy_unit!r}, "
-                    f"max_examples_per_user={self.max_examples_per_user!r}")
+                    f"max_examples_per_user={self.max_examples_per_user!r}, "
+                    f"bands={self.bands!r}")
             return
         if self.privacy_unit == "user" and self.sampler != "poisson":
             raise ValueError(
                 "privacy_unit='user' draws users by Poisson sampling (sampler='poisson'). "
                 f"Received: sampler={self.sampler!r}")
+        banded = self.bands > 1
+        if banded and self.privacy_unit == "example" and self.sampler not in _BANDED_SAMPLERS:
+            raise ValueError(
+                "bands > 1 samples each example in steps at least `bands` apart (Poisson "
+                "sampling within b groups, sampler='poisson' or 'banded_poisson'); "
+                f"sampler={self.sampler!r} cannot. Received: sampler={self.sampler!r}, "
+                f"bands={self.bands!r}")
+        # DPSGDConfig validates bands and given coefficients once, with C, σ and δ.
         request = dpsgd_config.DPSGDConfig(
             self.l2_norm_clip, self.noise_multiplier, target_epsilon=self.target_epsilon,
             delta=self.delta, accountant=self.accountant, privacy_unit=self.privacy_unit,
-            max_examples_per_user=self.max_examples_per_user)
+            max_examples_per_user=self.max_examples_per_user, bands=self.bands,
+            band_coefficients=given if banded else None)
         object.__setattr__(self, "dpsgd_config", request)  # The dataclass is frozen.
+
+    @property
+    def sampler_name(self):
+        """The registered sampler a run draws with: "banded_poisson" for b > 1."""
+        if self.private and self.dpsgd_config.bands > 1:
+            return "banded_poisson"
+        return self.sampler
+
+    def request_for(self, steps):
+        """The privacy request for `steps` planned steps ("optimized" coefficients fitted).
+
+        Args:
+            steps: int. The run's planned logical steps.
+
+        Returns:
+            A `tfdp.DPSGDConfig`, or None for a non-private run.
+        """
+        request = self.dpsgd_config
+        if (request is None or request.bands == 1
+                or self.band_coefficients != "optimized"):
+            return request
+        return request.replace(
+            band_coefficients=banded_mf.optimized_coefficients(request.bands, steps))
 
     @property
     def group_size(self):

@@ -330,7 +330,8 @@ class RunReporter:
         return self.ledger.describe_epsilon(epsilon, step, brief=True)
 
     def summary(self, *, epsilon, delta, steps, noise_multiplier, dataset_size,
-                validation_size, privacy_guarantee, not_private=None, privacy_unit=None):
+                validation_size, privacy_guarantee, not_private=None, privacy_unit=None,
+                bands=1, sampling_probability=None):
         """Writes `summary.json`, prints the `final:` lines; returns the dict.
 
         Args:
@@ -349,6 +350,12 @@ class RunReporter:
             privacy_unit: dict or None. The privacy unit's entries of
                 `summary.json` (`privacy_unit`, and for users the
                 group-privacy comparison). Defaults to None.
+            bands: int. b of a banded matrix-factorization strategy; 1 for
+                DP-SGD and non-private runs. Defaults to 1.
+            sampling_probability: float or None. Each privacy unit's
+                probability in a step it can be drawn in: B / N, and for
+                b > 1 the rate within its group, b·B / N (the accounted q).
+                Defaults to None.
         """
         if self.report_non_dp_statistics and self.duplicates_dropped:
             self.non_dp_metrics.update(
@@ -364,7 +371,8 @@ class RunReporter:
             ]))
         summary = {
             "test_accuracy": self.test_metrics["accuracy"], "epsilon": epsilon, "delta": delta,
-            "steps": steps, "noise_multiplier": noise_multiplier,
+            "steps": steps, "noise_multiplier": noise_multiplier, "bands": bands,
+            "sampling_probability": sampling_probability,
             "wall_time_s": time.time() - self.t_start,
             "privacy_guarantee": privacy_guarantee,
         }
@@ -405,6 +413,10 @@ class RunReporter:
             log(f"final: {test.strip()} (N={self.held_out['test']}, held out from training, "
                 f"{NOT_COVERED})")
             test = ""
+        if bands > 1:
+            log(f"final: banded matrix factorization, bands={bands}, sampling probability "
+                f"q={sampling_probability:.5f} within a group, "
+                f"{-(-steps // bands)} rounds accounted")
         privacy = "(non-private)" if delta is None else f"delta={delta:g}"
         log(f"final: {prefix}{test}epsilon={epsilon:.4f} {privacy} steps={steps}")
         return summary

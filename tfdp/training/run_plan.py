@@ -4,6 +4,7 @@ import dataclasses
 
 from tfdp import dp
 from tfdp import mechanism as mechanism_lib
+from tfdp import samplers
 from tfdp import secret_key as secret_key_lib
 from tfdp.data import train_pipeline
 from tfdp.training import privacy_unit as privacy_unit_lib
@@ -32,8 +33,17 @@ class Batching:
 
 
 def make_batching(train_source, *, sampler, privacy_unit, group_size, logical_batch_size,
-                  physical_batch_size, pad_granule, replicas):
-    """The run's `Batching`: examples by `sampler`, or users under `privacy_unit="user"`."""
+                  physical_batch_size, pad_granule, replicas, bands=1):
+    """The run's `Batching`: examples by `sampler`, or users under `privacy_unit="user"`.
+
+    `bands` > 1 needs `sampler="banded_poisson"`: b groups of the examples.
+    """
+    if bands > 1:
+        sampler = samplers.make_sampler(
+            sampler, dataset_size=(train_source if isinstance(train_source, int)
+                                   else len(train_source)),
+            logical_batch_size=logical_batch_size,
+            physical_batch_size=physical_batch_size, bands=bands)
     if privacy_unit == "user":
         sampler, pad_granule = privacy_unit_lib.user_sampler(
             train_source, users_per_step=logical_batch_size,
@@ -180,18 +190,19 @@ def plan_run(train_source, strategy, *, privacy, optimization, run, workdir, rea
     """
     group_size = privacy.group_size
     batching = make_batching(
-        train_source, sampler=privacy.sampler, privacy_unit=privacy.privacy_unit,
+        train_source, sampler=privacy.sampler_name, privacy_unit=privacy.privacy_unit,
         group_size=group_size, logical_batch_size=optimization.logical_batch_size,
         physical_batch_size=(run.physical_batch_size
                              or optimization.logical_batch_size * group_size),
-        pad_granule=run.pad_granule, replicas=strategy.num_replicas_in_sync)
-    request = privacy.dpsgd_config
+        pad_granule=run.pad_granule, replicas=strategy.num_replicas_in_sync,
+        bands=privacy.bands if privacy.private else 1)
     plan = make_run_plan(
         batching.sampler, epochs=optimization.epochs, workdir=workdir,
         read_checkpoint=read_checkpoint,
         key=requested_key(strategy, privacy.insecure_reproducible_seed),
-        mechanism_fn=None if request is None else lambda steps, key: make_mechanism(
-            request, batching.sampler, steps=steps, key=key))
+        # "optimized" band coefficients are fitted to the planned steps.
+        mechanism_fn=None if privacy.dpsgd_config is None else lambda steps, key: make_mechanism(
+            privacy.request_for(steps), batching.sampler, steps=steps, key=key))
     return plan, batching
 
 
@@ -255,6 +266,13 @@ def log_run_plan(model, plan, batching, *, dataset, clipping_plan, out_dir):
         f"(amplified: {sampler.amplified}); planned "
         f"{mechanism.ledger().describe_epsilon(steps=plan.total_steps)}"
     )
+    if mechanism.bands > 1:
+        coefficients = ", ".join(f"{c:.4f}" for c in mechanism.band_coefficients)
+        reporting.log(
+            f"banded matrix factorization: bands={mechanism.bands} coefficients=({coefficients}); "
+            f"{mechanism.bands} groups of the examples, each step samples one at "
+            f"q={sampler.group_sampling_rate:.5f} within the group; epsilon counts "
+            f"{sampler.unit_count(plan.total_steps)} rounds of {plan.total_steps} steps")
     privacy_unit_lib.log_privacy_unit(mechanism, plan.total_steps)
     if plan.budget_steps < plan.total_steps:
         reporting.log(
