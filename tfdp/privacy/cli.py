@@ -8,6 +8,7 @@ import warnings
 
 from tfdp import samplers
 from tfdp.privacy import accounting
+from tfdp.privacy import banded_mf
 from tfdp.privacy import calibration
 
 _DESCRIPTION = """\
@@ -19,7 +20,12 @@ adjacency.
 --sampler=shuffle: fixed-size batches, each example once per pass, any
 order: one Gaussian mechanism per pass, no amplification, under zero-out
 adjacency (an example's slot left empty); the replace-one epsilon (sigma / 2
-per pass) is printed too."""
+per pass) is printed too.
+--bands=b (b > 1): banded matrix-factorization DP-SGD (sampler banded_poisson):
+the examples are split into b groups, step t samples group t mod b at
+q = b*B/N, and epsilon is that of ceil(steps / b) Poisson-subsampled
+Gaussians at that q. The model's noise (RMS prefix-sum error times sigma, in
+units of C) is printed for the banded square root and optimized strategies."""
 
 
 class _UsageError(Exception):
@@ -112,6 +118,11 @@ def build_parser():
         "--sampler", choices=accounting.SAMPLERS, default="poisson"
     )
     parser.add_argument(
+        "--bands", type=_positive_int, default=1,
+        help="b: banded matrix factorization with b bands (sampler banded_poisson); "
+             "1 is DP-SGD (default)",
+    )
+    parser.add_argument(
         "--tolerance",
         type=_finite_float,
         default=1e-3,
@@ -134,9 +145,9 @@ def compute(args):
     if args.delta is None:
         args.delta = accounting.default_delta(n)
     q, _, _ = accounting.resolve_sampling_rate(None, n, b)
+    sampler_name, accounted = _accounted_sampler(args)
     if args.epochs is not None:
-        sampler = samplers.make_sampler(args.sampler, dataset_size=n, logical_batch_size=b)
-        steps = sampler.steps_for_epochs(args.epochs)
+        steps = accounted.steps_for_epochs(args.epochs)
     else:
         steps = args.steps
     if args.accountant == "both":
@@ -144,20 +155,26 @@ def compute(args):
     else:
         accountants = (args.accountant,)
     for acc in accountants:
-        accounting.check_supported(acc, args.sampler)
+        accounting.check_supported(acc, accounted)
     result = {
         "dataset_size": n,
         "batch_size": b,
         "epochs": args.epochs,
         "steps": steps,
         "sampling_rate": q,
-        "sampler": args.sampler,
-        "adjacency": accounting.adjacency(args.sampler),
-        "adjacency_description": samplers.sampler_class(args.sampler).adjacency_description,
+        "sampler": sampler_name,
+        "adjacency": accounting.adjacency(accounted),
+        "adjacency_description": type(accounted).adjacency_description,
         "delta": args.delta,
         "accountant": args.accountant,
+        "bands": args.bands,
     }
-    common = dict(dataset_size=n, batch_size=b, sampler=args.sampler)
+    if args.bands > 1:
+        result["group_sampling_rate"] = accounted.group_sampling_rate
+        result["rounds"] = accounted.unit_count(steps)
+    # At b > 1 the banded sampler itself: its event is ceil(T/b) rounds at b*B/N.
+    common = dict(dataset_size=n, batch_size=b,
+                  sampler=accounted if args.bands > 1 else sampler_name)
     if args.target_epsilon is not None:
         # With both accountants, the larger sigma meets the target under
         # both, so that is the one reported and used below.
@@ -179,7 +196,9 @@ def compute(args):
     else:
         sigma = args.noise_multiplier
     result["noise_multiplier"] = sigma
-    replace_one = samplers.sampler_class(args.sampler).replace_one_sensitivity
+    if steps and args.bands > 1:
+        result["noise_error"] = _noise_error(args.bands, steps, sigma)
+    replace_one = type(accounted).replace_one_sensitivity
     for acc in accountants:
         result[f"epsilon_{acc}"] = accounting.epsilon(
             sigma, steps, args.delta, accountant=acc, **common
@@ -198,7 +217,36 @@ def compute(args):
             accountant=args.accountant,
             **common,
         )
+    for row in result["epsilon_table"]:
+        row["sampler"] = sampler_name  # A name, not the banded sampler object.
     return result
+
+
+def _accounted_sampler(args):
+    """`(name, sampler)` of the run asked for: "banded_poisson" with b bands when b > 1."""
+    if args.bands == 1:
+        return args.sampler, samplers.make_sampler(
+            args.sampler, dataset_size=args.dataset_size, logical_batch_size=args.batch_size)
+    if args.sampler not in ("poisson", "banded_poisson"):
+        raise ValueError(
+            "--bands > 1 samples each example in steps at least `bands` apart (Poisson "
+            "sampling within b groups, --sampler=poisson or banded_poisson). "
+            f"Received: sampler={args.sampler!r}, bands={args.bands}")
+    return "banded_poisson", samplers.make_sampler(
+        "banded_poisson", dataset_size=args.dataset_size, logical_batch_size=args.batch_size,
+        bands=args.bands)
+
+
+def _noise_error(bands, steps, sigma):
+    """The model's noise per strategy: RMS prefix-sum error, and times σ (units of C)."""
+    strategies = {"sqrt": banded_mf.square_root_coefficients(bands),
+                  "optimized": banded_mf.optimized_coefficients(bands, steps)}
+    out = {}
+    for name, coefficients in strategies.items():
+        error = banded_mf.prefix_sum_error(coefficients, steps)
+        out[name] = {"coefficients": list(coefficients), "prefix_sum_error": error,
+                     "noise": sigma * error}
+    return out
 
 
 def format_text(result):
@@ -215,6 +263,12 @@ def format_text(result):
         ("sampler", f"{result['sampler']} ({result['adjacency']})"),
         ("adjacency", result["adjacency_description"]),
     ]
+    if result["bands"] > 1:
+        rows += [
+            ("bands (b)", f"{result['bands']}"),
+            ("q within a group", f"{result['group_sampling_rate']:.6g}"),
+            ("rounds accounted", f"{result['rounds']:,}"),
+        ]
     if "target_epsilon" in result:
         rows.append(("target_epsilon", f"{result['target_epsilon']:g}"))
         for acc, sigma in result["calibrated_noise_multiplier"].items():
@@ -232,6 +286,9 @@ def format_text(result):
         key = f"epsilon_replace_one_{acc}"
         if key in result:
             rows.append((f"replace-one epsilon ({acc})", accounting.format_epsilon(result[key])))
+    for name, error in result.get("noise_error", {}).items():
+        rows.append((f"noise, {name} (x C)",
+                     f"{error['noise']:.4g} = sigma x prefix-sum error {error['prefix_sum_error']:.4g}"))
     width = max(len(name) for name, _ in rows)
     lines = [f"{name:<{width}}  {value}" for name, value in rows]
     lines += ["", accounting.format_epsilon_table(result["epsilon_table"])]
