@@ -247,6 +247,35 @@ class PrivateSelectionTest(tf.test.TestCase):
             # The console names no trial (its index would tell that K is at least as large).
             self.assertNotRegex("\n".join(lines), r"trial_\d")
 
+    def test_banded_runs_are_selected_as_their_rounds_at_the_group_rate(self):
+        # A BandMF run (b = 4) is ⌈T/b⌉ Poisson-subsampled Gaussians at b·B/N:
+        # the selection composes that event, rebuilt from the trial's ledger.
+        banded = {"sampler": "banded_poisson", "bands": 4,
+                  "band_coefficients": [0.8, 0.45, 0.3, 0.25]}
+
+        def banded_trainer(trial_dir, gin_files, gin_params, seed):
+            return fake_trainer(trial_dir, gin_files, gin_params, seed, run=banded)
+
+        workdir = self.create_tempdir().full_path
+        code, lines = self._main(*PRIVATE_FLAGS, "--grid=OptimizationConfig.base_lr=0.1,0.5",
+                                 "--mean_trials=3", f"--workdir={workdir}",
+                                 trainer=banded_trainer)
+        self.assertEqual(code, 0, lines)
+        with open(os.path.join(workdir, "selection.json")) as f:
+            record = json.load(f)
+        q = 4 * FAKE_RUN["batch_size"] / FAKE_RUN["dataset_size"]
+        rounds = -(-FAKE_RUN["steps"] // 4)
+        run = dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(
+                FAKE_RUN["noise_multiplier"])), rounds)
+        accountant = dp_accounting.rdp.RdpAccountant()
+        accountant.compose(dp_event.RepeatAndSelectDpEvent(run, 3.0, math.inf))
+        self.assertAllClose(record["epsilon"], accountant.get_epsilon(FAKE_RUN["delta"]),
+                            rtol=1e-12)
+        # Fewer rounds at a higher rate: not DP-SGD's event over the same steps.
+        self.assertNotAlmostEqual(record["epsilon"], expected_selection_epsilon(3.0, math.inf),
+                                  places=3)
+
     def test_a_poisson_count_of_zero_releases_nothing(self):
         workdir = self.create_tempdir().full_path
         generator = mock.Mock(poisson=mock.Mock(return_value=0))

@@ -39,8 +39,8 @@ def _quiet():
 def run_event(ledger):
     """`(event, neighboring_relation)`: the DP event of the run `ledger` records.
 
-    Rebuilt from the ledger's sampler, q, N, B, effective σ and steps, and
-    checked: its RDP ε must be the ledger's own (at the ledger's δ), or the
+    Rebuilt from the ledger's sampler, q, N, B, bands, effective σ and
+    steps, and checked: its RDP ε must be the ledger's own (at the ledger's δ), or the
     run is refused, since the selection would account something else.
 
     Args:
@@ -50,12 +50,11 @@ def run_event(ledger):
         A tuple of a `dp_accounting.DpEvent` and a
         `dp_accounting.NeighboringRelation`.
     """
-    if ledger.bands != 1:
-        raise ValueError(
-            "The private selection accounts DP-SGD runs only; a banded matrix-factorization "
-            f"run is not supported yet. Received: bands={ledger.bands}")
+    # A banded run (b > 1) is its banded sampler's ⌈T/b⌉ rounds at the rate
+    # within a group; its ledger records the sampler and b.
+    options = {"bands": ledger.bands} if ledger.bands > 1 else {}
     accounted = samplers.for_accounting(ledger.sampler, ledger.sampling_rate,
-                                        ledger.dataset_size, ledger.batch_size)
+                                        ledger.dataset_size, ledger.batch_size, **options)
     event = accounted.dp_event(ledger.effective_noise_multiplier, ledger.steps)
     relation = accounted.neighboring_relation
     own = ledger.to_dict()
