@@ -219,7 +219,7 @@ class DPModel(keras.Model):
             physical = batch_size or 32  # Keras' default for arrays.
             plan = fit_plan_lib.plan_fit(optimizer, arrays=True, dataset_size=dataset_size,
                                          physical_batch_size=physical,
-                                         shuffle=bool(shuffle), user_ids=ids)
+                                         shuffle=bool(shuffle), user_ids=ids, epochs=epochs)
             logical_steps = steps_per_epoch or plan.steps_per_epoch
             return self._fit_arrays(x, y, sample_weight, plan, logical_steps, callbacks,
                                     common)
@@ -228,7 +228,7 @@ class DPModel(keras.Model):
             replicas=replicas, jit_compile=self.jit_compile)
         physical = fit_inputs.stream_batch_size(x, batch_size)
         plan = fit_plan_lib.plan_fit(optimizer, arrays=False, physical_batch_size=physical,
-                                     shuffle=bool(shuffle))
+                                     shuffle=bool(shuffle), epochs=epochs)
         pass_limit = optimizer.account.pass_limit
         if pass_limit is not None and isinstance(x, tf.data.Dataset):
             fit_inputs.check_stream_pass(x, pass_limit)

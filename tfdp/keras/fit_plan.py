@@ -7,8 +7,16 @@ batches then follow the plan (`FitPlan.array_batches`), and the private
 update (`tfdp.keras.private_update`) consumes them.
 """
 
+import warnings
+import weakref
+
 from tfdp import distribute
 from tfdp.keras import array_batches
+from tfdp.keras import fit_ledger
+from tfdp.samplers import amplification
+
+# The optimizers already warned of weak amplification: once per run, not per fit call.
+_WARNED = weakref.WeakSet()
 
 # How `fit` feeds the examples (the route), whatever the sampler:
 SAMPLED = "sampled"  # Arrays, batches drawn by the sampler with the secret key.
@@ -118,7 +126,7 @@ class FitPlan:
 
 
 def plan_fit(optimizer, *, arrays, dataset_size=None, physical_batch_size=None,
-             shuffle=True, user_ids=None):
+             shuffle=True, user_ids=None, epochs=None):
     """Fixes the route, the sampler and the mechanism of a `fit` call (eager).
 
     Args:
@@ -133,6 +141,9 @@ def plan_fit(optimizer, *, arrays, dataset_size=None, physical_batch_size=None,
         shuffle: bool. `fit(shuffle=...)`.
         user_ids: int array `[n]` or None. Each example's user, in [0, N),
             under `privacy_unit="user"`.
+        epochs: int or None. `fit(epochs=...)`, for the ε quoted where the
+            sampling probability is above one half (a warning, once per
+            optimizer). Defaults to None (one epoch).
 
     Returns:
         A `FitPlan`.
@@ -151,4 +162,21 @@ def plan_fit(optimizer, *, arrays, dataset_size=None, physical_batch_size=None,
     # A stream is trusted to hold each example at most once per pass; its
     # passes are counted against N (`PrivacyAccount.check_pass`).
     optimizer.account.set_route(plan.counts_passes, n if plan.counts_passes else None)
+    _warn_weak_amplification(optimizer, plan.sampler, epochs)
     return plan
+
+
+def _warn_weak_amplification(optimizer, sampler, epochs):
+    """Warns once per optimizer when its sampler's q is above one half."""
+    # Without noise (σ = 0) there is no ε to amplify.
+    if (sampler is None or optimizer in _WARNED
+            or not optimizer.mechanism_builder.noise_multiplier):
+        return
+    if amplification.weak_amplification_warning(sampler) is None:
+        return  # Checked first: the ε below costs an accounting.
+    steps = sampler.steps_for_epochs(epochs or 1)
+    ledger = fit_ledger.ledger(optimizer, steps=steps)
+    message = amplification.weak_amplification_warning(
+        sampler, epsilon=ledger.epsilon(), delta=ledger.delta)
+    _WARNED.add(optimizer)
+    warnings.warn(message + f" (after {steps} steps)", UserWarning, stacklevel=3)

@@ -5,6 +5,7 @@ logical_batch_size=, ...)` returns one. See `tfdp.samplers.base.Sampler` for
 what every sampler knows.
 """
 
+from tfdp.samplers.amplification import weak_amplification_warning
 from tfdp.samplers.base import Sampler
 from tfdp.samplers.base import for_accounting
 from tfdp.samplers.base import make_sampler
@@ -28,4 +29,5 @@ __all__ = [
     "names",
     "register",
     "sampler_class",
+    "weak_amplification_warning",
 ]
