@@ -104,6 +104,27 @@ class RunPlanTest(tf.test.TestCase):
                 logical_batch_size=50, physical_batch_size=64, pad_granule="auto",
                 replicas=1, bands=21)
 
+    def test_a_banded_budget_stops_at_its_last_round_within_the_target(self):
+        banded = run_plan.make_batching(
+            N, sampler="banded_poisson", privacy_unit="example", group_size=1,
+            logical_batch_size=50, physical_batch_size=64, pad_granule="auto", replicas=1,
+            bands=4).sampler
+
+        def make(steps, key):
+            config = tfdp.DPSGDConfig(1.0, 1.0, target_epsilon=2.0, delta=1e-5, bands=4)
+            return run_plan.make_mechanism(config, banded, steps=steps, key=key)
+
+        plan = run_plan.make_run_plan(banded, epochs=20.0, key=secret_key.SecretKey.generate(),
+                                      workdir=self.create_tempdir().full_path,
+                                      read_checkpoint=True, mechanism_fn=make)
+        budget = plan.budget_steps
+        self.assertLess(budget, plan.total_steps)
+        self.assertLessEqual(plan.mechanism.epsilon(budget), 2.0)
+        self.assertGreater(plan.mechanism.epsilon(budget + 1), 2.0)
+        # ε moves once per round of b = 4 steps: the stop is a round's last step.
+        self.assertEqual(budget % 4, 0)
+        self.assertEqual(plan.ledger.bands, 4)
+
     def test_user_batching_counts_users(self):
         rng = np.random.default_rng(0)
         source = data.ArraySource(rng.normal(size=(60, 2, 2, 1)).astype("float32"),
