@@ -49,6 +49,23 @@ class GinExperimentsTest(tf.test.TestCase):
                         self.assertLessEqual(summary["epsilon"], float(target) + 1e-6)
         gin.clear_config()
 
+    def test_bandmf_is_the_default_experiment_with_banded_noise(self):
+        config.parse([os.path.join(GIN_DIR, "mnist_bandmf.gin")], [])
+        try:
+            with gin.unlock_config():
+                q = gin.query_parameter
+                self.assertEqual(q("PrivacyConfig.bands"), 4)
+                self.assertEqual(q("PrivacyConfig.band_coefficients"), "optimized")
+                self.assertEqual(q("PrivacyConfig.target_epsilon"), 8.0)
+            summary = train.train(self.create_tempdir().full_path, dry_run=True)
+        finally:
+            gin.clear_config()
+        # The default experiment's steps and ε, with the banded event's σ.
+        self.assertEqual(summary["steps"], 469)
+        self.assertLessEqual(summary["epsilon"], 8.0)
+        self.assertGreater(summary["epsilon"], 7.9)
+        self.assertAllClose(summary["noise_multiplier"], 1.9886, atol=1e-3)
+
     def test_includes_resolve_in_the_gin_dir_from_any_working_directory(self):
         # A working directory with a data/ folder, and a data/mnist_offline.gin
         # of its own, changes nothing: includes are looked up in tfdp's gin dir.
