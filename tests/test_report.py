@@ -112,6 +112,28 @@ def test_private_counts_and_adapted_state_are_labelled(tmp_path):
     assert "<code>normalization/mean</code>: Normalization adapted" in page
 
 
+def test_a_banded_run_shows_its_bands_and_group_rate(tmp_path):
+    root = str(tmp_path / "run")
+    os.makedirs(os.path.join(root, "checkpoints"))
+    ledger = ledger_lib.PrivacyLedger(
+        2.0, 0.064, delta=1e-5, steps=40, sampler="banded_poisson", dataset_size=4000,
+        batch_size=256, l2_norm_clip=1.0, bands=4, band_coefficients=(0.8, 0.45, 0.3, 0.25))
+    with open(os.path.join(root, "checkpoints", "privacy_ledger.json"), "w") as f:
+        f.write(ledger.to_json())
+    with open(os.path.join(root, "summary.json"), "w") as f:
+        json.dump({"test_accuracy": 0.9, "epsilon": ledger.epsilon(), "delta": 1e-5,
+                   "bands": 4, "sampling_probability": 0.256}, f)
+    with open(report.write_report(root)) as f:
+        page = f.read()
+    assert "<th>bands</th><td>4</td>" in page
+    assert "<th>band_coefficients</th><td>0.8, 0.45, 0.3, 0.25</td>" in page
+    assert "<th>sampling_probability (within a group)</th><td>0.256</td>" in page
+    # DP-SGD's page has no such rows.
+    plain = _make_workdir(str(tmp_path / "plain"))
+    with open(report.write_report(plain)) as f:
+        assert "bands" not in f.read()
+
+
 def test_missing_workdir_is_an_error_and_the_cli_exits_2(tmp_path, capsys):
     assert report.main([str(tmp_path / "nowhere")]) == 2
     assert capsys.readouterr().err.startswith("error: No such run directory")
