@@ -167,7 +167,9 @@ class LayeringTest(unittest.TestCase):
         self.assertEqual(sorted(order), sorted(packages))
         rank = {name: i for i, name in enumerate(order)}
         edges, _ = _scan()
-        upward = [where for (a, b), where in edges.items() if rank[a] >= rank[b]]
+        # `tfdp` itself (its lazy loader) sits above every package.
+        upward = [where for (a, b), where in edges.items()
+                  if a != "tfdp" and rank[a] >= rank[b]]
         self.assertEqual(upward, [], "a package imports one listed above it in ARCHITECTURE.md")
 
 

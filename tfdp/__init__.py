@@ -33,9 +33,19 @@ _LAZY_ATTRS = {
 }
 
 
+# Submodules that never import TensorFlow (so they skip its quiet import).
+_NO_TENSORFLOW = ("privacy", "samplers")
+
+
 def __getattr__(name):
-    if name in _LAZY:
-        return importlib.import_module(_LAZY[name])
-    if name in _LAZY_ATTRS:
+    if name in _LAZY or name in _LAZY_ATTRS:
+        if name not in _NO_TENSORFLOW:
+            # TensorFlow's first import (and its device search, where cuInit
+            # runs) without its start-up notices, which a user cannot act on.
+            from tfdp import tensorflow_startup
+
+            tensorflow_startup.import_tensorflow()
+        if name in _LAZY:
+            return importlib.import_module(_LAZY[name])
         return getattr(importlib.import_module(_LAZY_ATTRS[name]), name)
     raise AttributeError(f"module 'tfdp' has no attribute {name!r}")
