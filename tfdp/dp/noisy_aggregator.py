@@ -16,11 +16,17 @@ coefficients c_0 … c_{b-1}), the noise of step t is correlated instead:
 
 row t of C⁻¹Z, with z_t that same draw. The caller keeps the last b − 1 w's
 (`noise_state_shape`), as it keeps the accumulators.
+
+With tree aggregation (DP-FTRL, `tree=` a
+`tfdp.privacy.tree_aggregation.TreeRestarts`) the noise of step t is the
+increment of its tree's noisy prefix sum (`tfdp.dp.tree_noise`), drawn from
+the same key by tree node, with no state.
 """
 
 import tensorflow as tf
 
 from tfdp.dp import noise as noise_lib
+from tfdp.dp import tree_noise
 
 
 class NoisyAggregator:
@@ -39,9 +45,14 @@ class NoisyAggregator:
         coefficients: sequence of floats. The banded strategy's c_0 … c_{b-1},
             already checked by `tfdp.DPSGDConfig` (c_0 > 0, norm <= 1).
             Defaults to `(1.0,)`: DP-SGD, with no state.
+        tree: `tfdp.privacy.tree_aggregation.TreeRestarts` or None. DP-FTRL's
+            tree aggregation with these restarts: the noise of a step is the
+            increment of its tree's noisy prefix sum, each node N(0, (σC)²).
+            Defaults to `None`: independent noise each step.
     """
 
-    def __init__(self, *, noise_stddev, expected_batch_size, noise_key, coefficients=(1.0,)):
+    def __init__(self, *, noise_stddev, expected_batch_size, noise_key, coefficients=(1.0,),
+                 tree=None):
         if not noise_stddev >= 0:
             raise ValueError(f"noise_stddev must be >= 0. Received: noise_stddev={noise_stddev}")
         if not expected_batch_size > 0:
@@ -55,18 +66,29 @@ class NoisyAggregator:
             raise ValueError(
                 "The banded strategy needs coefficients with c_0 > 0. "
                 f"Received: coefficients={coefficients!r}")
+        if tree is not None and self.coefficients != (1.0,):
+            raise ValueError(
+                "Tree aggregation and a banded strategy are two ways to correlate the "
+                f"noise; choose one. Received: tree={tree!r}, coefficients={coefficients!r}")
+        self.tree = tree
         # A graph constant, never a variable: nothing that saves the model or
         # the optimizer may hold the key.
         self._noise_key = tf.constant(noise_key, tf.int64)
 
     @classmethod
-    def for_mechanism(cls, mechanism):
-        """The aggregator of a `tfdp.DPSGD` contract: its σ·C, divisor and noise key."""
+    def for_mechanism(cls, mechanism, tree=None):
+        """The aggregator of a `tfdp.DPSGD` contract: its σ·C, divisor and noise key.
+
+        Args:
+            mechanism: `tfdp.DPSGD`.
+            tree: `TreeRestarts` or None, as the constructor's. Defaults to `None`.
+        """
         return cls(
             noise_stddev=mechanism.noise_stddev,
             expected_batch_size=mechanism.expected_batch_size,
             noise_key=mechanism.secret_key.derive("noise"),
             coefficients=mechanism.band_coefficients,
+            tree=tree,
         )
 
     @property
@@ -152,6 +174,11 @@ class NoisyAggregator:
             sums = [tf.convert_to_tensor(a) for a in accumulators]
         if self.noise_stddev > 0 and self.correlated:
             return self._banded_noisy_mean(sums, step, num_replicas, noise_state)
+        if self.noise_stddev > 0 and self.tree is not None:
+            noise = tree_noise.residual_noise(
+                sums, self.noise_stddev / float(num_replicas), self._noise_key, step, self.tree)
+            return [(s + tf.cast(n, s.dtype)) / self.expected_batch_size
+                    for s, n in zip(sums, noise)]
         if self.noise_stddev > 0:
             # noise / R drawn directly as N(0, (σC/R)²) from the same words.
             return noise_lib.noisy_divided(

@@ -79,6 +79,8 @@ class MechanismBuilder:
         self._plan_key = None
         # A public divisor other than B (`set_noise_divisor`); None: B.
         self.noise_divisor = None
+        # The aggregator's own options (`set_aggregator_options`).
+        self.aggregator_options = {}
         # B of the last plan, in privacy units: what the ledger accounts,
         # also where the noise divisor is not B (`tfdp.keras.fit_ledger`).
         self.planned_batch_size = None
@@ -183,6 +185,11 @@ class MechanismBuilder:
         self.noise_divisor = None if divisor is None else float(divisor)
         self._plan_key = None
 
+    def set_aggregator_options(self, **options):
+        """Options of the `NoisyAggregator` of each plan, e.g. `tree=` (DP-FTRL's noise)."""
+        self.aggregator_options = dict(options)
+        self._plan_key = None
+
     def plan(self, *, arrays, dataset_size=None, physical_batch_size=None, shuffle=True,
              user_ids=None):
         """Fixes the route, the sampler and the mechanism of a `fit` call.
@@ -251,7 +258,7 @@ class MechanismBuilder:
                 self.mechanism = self._fit_mechanism(sampler, batch)
             with tf.init_scope():  # May run while a train step is traced.
                 self.aggregator = noisy_aggregator.NoisyAggregator.for_mechanism(
-                    self.mechanism)
+                    self.mechanism, **self.aggregator_options)
             self._plan_key = key
         steps = None
         if route in fit_plan_lib.ARRAY_ROUTES:

@@ -13,6 +13,9 @@ and accounting are tfdp's:
   a private model, `tfdp.make_private(model)` (Keras 3 hands an optimizer
   only the gradients of the reduced loss, so a plain Keras model cannot be
   trained privately by its optimizer alone and refuses them).
+- `DPFTRLTreeAggregationOptimizer`: DP-FTRL (SGD on tree-aggregated
+  noise, with restarts), accounted with dp_accounting's tree-aggregation
+  events; compiled or in a custom loop like the others.
 - `DPModel`, `DPSequential`: models that clip and noise themselves; compile
   them with a plain optimizer.
 - `compute_dp_sgd_privacy_statement`, `compute_dp_sgd_privacy`,
@@ -30,6 +33,7 @@ import importlib
 # names are resolved on first access.
 _MODULES = {
     "AccountantType": "privacy_statement",
+    "DPFTRLTreeAggregationOptimizer": "dp_ftrl",
     "DPModel": "dp_keras_model",
     "DPSequential": "dp_keras_model",
     "DPKerasAdagradOptimizer": "dp_keras_optimizer",
@@ -60,6 +64,7 @@ def __dir__():
 
 __all__ = [
     "AccountantType",
+    "DPFTRLTreeAggregationOptimizer",
     "DPKerasAdagradOptimizer",
     "DPKerasAdamOptimizer",
     "DPKerasOptimizer",

@@ -1,0 +1,200 @@
+"""DP-FTRL by tree aggregation: the engine's tree noise, its accounting, the compat optimizer."""
+
+import math
+
+import dp_accounting
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from dp_accounting import rdp as dp_rdp
+
+import tfdp
+from tests.keras.keras_test_case import digits
+from tests.keras.keras_test_case import tiny_model
+from tfdp.compat import tensorflow_privacy
+from tfdp.dp import noise as noise_lib
+from tfdp.dp import noisy_aggregator
+from tfdp.dp import tree_noise
+from tfdp.privacy import accounting
+from tfdp.privacy import tree_aggregation
+
+KEY = [0x1234, 0x5678]  # A public noise key: these tests read the noise.
+
+
+def _released_noise(restarts, steps, size=1, stddev=1.0):
+    """The noise each of `steps` steps releases (zero sums, divisor 1): `[steps, size]`."""
+    aggregator = noisy_aggregator.NoisyAggregator(
+        noise_stddev=stddev, expected_batch_size=1.0, noise_key=KEY, tree=restarts)
+    zeros = [tf.Variable(tf.zeros([size]))]
+    step_fn = tf.function(lambda s: aggregator.noisy_mean(zeros, s)[0])
+    return np.stack([step_fn(tf.constant(s, tf.int64)).numpy() for s in range(steps)])
+
+
+def _node(tree, span, end, size=1, stddev=1.0):
+    like = [tf.zeros([size])]
+    return noise_lib.gaussian_noise(
+        like, stddev, tree_noise.node_seed(KEY, tree, span, end))[0].numpy()
+
+
+def _dyadic_blocks(n):
+    """The (span, end) blocks of [0, n)'s binary decomposition, largest first."""
+    blocks, start = [], 0
+    for bit in reversed(range(n.bit_length())):
+        if n >> bit & 1:
+            start += 1 << bit
+            blocks.append((1 << bit, start))
+    return blocks
+
+
+def test_prefix_sums_of_the_released_noise_are_the_trees_nodes():
+    released = _released_noise(tree_aggregation.TreeRestarts(), 11, size=3)
+    cumulative = np.cumsum(released, axis=0)
+    for n in range(1, 12):
+        expected = sum(_node(0, span, end, size=3) for span, end in _dyadic_blocks(n))
+        np.testing.assert_allclose(cumulative[n - 1], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_prefix_noise_variance_is_sigma_squared_times_the_nodes_of_n():
+    # Var(cum(n)) = (σC)²·popcount(n): one node per set bit of n.
+    stddev, size, steps = 0.5, 20000, 16
+    cumulative = np.cumsum(_released_noise(
+        tree_aggregation.TreeRestarts(), steps, size=size, stddev=stddev), axis=0)
+    for n in range(1, steps + 1):
+        expected = stddev**2 * bin(n).count("1")
+        # Relative std of a variance estimate over `size` draws: sqrt(2 / size) = 1 %.
+        np.testing.assert_allclose(np.var(cumulative[n - 1]), expected, rtol=0.05)
+    # The released noise of step n − 1 has variance (1 + k)σ², 2^k the lowest bit of n.
+    released = np.diff(np.concatenate([np.zeros((1, size)), cumulative]), axis=0)
+    for n in (1, 2, 4, 8, 16):
+        np.testing.assert_allclose(np.var(released[n - 1]),
+                                   stddev**2 * (1 + int(math.log2(n))), rtol=0.05)
+
+
+def test_restarts_start_a_new_tree():
+    restarts = tree_aggregation.TreeRestarts(restart_period=4, restart_warmup=3)
+    released = _released_noise(restarts, 10, size=2)
+    # The first tree has 3 steps, then trees of 4: each one's prefix sums are its own nodes.
+    for first, tree, size in ((0, 0, 3), (3, 1, 4), (7, 2, 3)):
+        cumulative = np.cumsum(released[first:first + size], axis=0)
+        for n in range(1, size + 1):
+            expected = sum(_node(tree, span, end, size=2) for span, end in _dyadic_blocks(n))
+            np.testing.assert_allclose(cumulative[n - 1], expected, rtol=1e-5, atol=1e-5)
+    # Without warmup the trees are [0, 4), [4, 8), ...
+    assert tree_aggregation.TreeRestarts(4).trees(10) == [(0, 4), (4, 4), (8, 2)]
+    assert restarts.trees(10) == [(0, 3), (3, 4), (7, 3)]
+
+
+@pytest.mark.parametrize("period,warmup", [(None, None), (4, None), (5, 2)])
+def test_graph_tree_and_leaf_agree_with_the_schedule(period, warmup):
+    restarts = tree_aggregation.TreeRestarts(period, warmup)
+    for step in range(23):
+        tree, leaf = tree_noise.tree_and_leaf(tf.constant(step, tf.int64), restarts)
+        assert (int(tree), int(leaf)) == restarts.tree_and_leaf(step)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"restart_warmup": 2}, "restart_warmup needs a restart_period"),
+    ({"restart_period": 0}, "restart_period must be"),
+    ({"restart_period": 4, "restart_warmup": 4}, "restart_warmup must be"),
+])
+def test_bad_restarts_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        tree_aggregation.TreeRestarts(**kwargs)
+
+
+def _rdp_epsilon(event, delta):
+    accountant = dp_rdp.RdpAccountant(
+        orders=accounting.RDP_ORDERS,
+        neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_SPECIAL)
+    accountant.compose(event)
+    return accountant.get_epsilon(delta)
+
+
+def test_epsilon_is_dp_accountings_tree_event():
+    # 1000 examples, B = 100: 10 steps a pass; restarts every 5 steps, 3 passes.
+    ledger = tree_aggregation.TreeAggregationLedger(
+        1.2, delta=1e-5, steps=30, dataset_size=1000, batch_size=100,
+        restarts=tree_aggregation.TreeRestarts(5))
+    event = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.SingleEpochTreeAggregationDpEvent(1.2, [5, 5]), 3)
+    assert ledger.epsilon() == pytest.approx(_rdp_epsilon(event, 1e-5), rel=1e-9)
+    # Replace-one: σ / 2. Microbatches (sensitivity 2): σ / 2 as well.
+    half = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.SingleEpochTreeAggregationDpEvent(0.6, [5, 5]), 3)
+    assert ledger.epsilon_replace_one() == pytest.approx(_rdp_epsilon(half, 1e-5), rel=1e-9)
+
+
+def test_a_tree_across_passes_counts_each_example_in_it_m_times():
+    # One tree of 30 steps over 3 passes: each node moves by up to 3C and an
+    # example's leaves cover up to 3·depth nodes: Gaussian σ / (3·√depth).
+    ledger = tree_aggregation.TreeAggregationLedger(
+        4.0, delta=1e-5, steps=30, dataset_size=1000, batch_size=100,
+        restarts=tree_aggregation.TreeRestarts())
+    depth = math.ceil(math.log2(31))
+    event = dp_accounting.GaussianDpEvent(4.0 / (3 * math.sqrt(depth)))
+    assert ledger.epsilon() == pytest.approx(_rdp_epsilon(event, 1e-5), rel=1e-9)
+    # Within one pass the same tree is dp_accounting's single-epoch event.
+    one_pass = tree_aggregation.TreeAggregationLedger(
+        4.0, delta=1e-5, steps=10, dataset_size=1000, batch_size=100,
+        restarts=tree_aggregation.TreeRestarts())
+    event = dp_accounting.SingleEpochTreeAggregationDpEvent(4.0, [10])
+    assert one_pass.epsilon() == pytest.approx(_rdp_epsilon(event, 1e-5), rel=1e-9)
+    assert one_pass.max_steps_within(one_pass.epsilon()) >= 10
+
+
+def test_optimizer_arguments():
+    with pytest.raises(ValueError, match="restart_warmup needs a restart_period"):
+        tensorflow_privacy.DPFTRLTreeAggregationOptimizer(1.0, 1.0, None, restart_warmup=2)
+    with pytest.raises(ValueError, match="gradient_accumulation_steps=1 only"):
+        tensorflow_privacy.DPFTRLTreeAggregationOptimizer(
+            1.0, 1.0, None, gradient_accumulation_steps=2)
+    opt = tensorflow_privacy.DPFTRLTreeAggregationOptimizer(
+        1.0, 1.1, None, num_microbatches=4, restart_period=8, restart_warmup=3,
+        learning_rate=0.2, momentum=0.9)
+    config = opt.get_config()
+    assert config["restart_period"] == 8 and config["momentum"] == 0.9
+    clone = tensorflow_privacy.DPFTRLTreeAggregationOptimizer.from_config(config)
+    assert (clone.restart_period, clone.restart_warmup, clone.noise_multiplier) == (8, 3, 1.1)
+
+
+def test_fit_releases_the_tree_noise_and_prints_its_epsilon():
+    # σ > 0 and a zero clip norm: the weights move by -lr · noise / B only,
+    # so the weights' drift is the tree's prefix noise.
+    x, y = digits(64)
+    model = tfdp.make_private(tiny_model())
+    opt = tensorflow_privacy.DPFTRLTreeAggregationOptimizer(
+        1e-9, 1e8, model, restart_period=4, noise_seed=3, learning_rate=1.0)
+    model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction=None))
+    model.build((None, 8, 8, 1))
+    before = model.model.trainable_variables[-1].numpy()  # The head's bias, 10 values.
+    model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)  # 4 steps: one tree.
+    after = model.model.trainable_variables[-1].numpy()
+    key = opt.mechanism_builder.secret_key.derive("noise")
+    like = [tf.zeros(v.shape) for v in model.model.trainable_variables]
+    stddev = 1e-9 * 1e8
+    prefix = noise_lib.gaussian_noise(like, stddev, tree_noise.node_seed(key, 0, 4, 4))[-1]
+    np.testing.assert_allclose(after - before, -prefix.numpy() / 16, rtol=1e-4, atol=1e-6)
+    ledger = opt.ledger()
+    assert isinstance(ledger, tree_aggregation.TreeAggregationLedger)
+    assert ledger.steps == 4 and ledger.adjacency == "zero_out"
+    event = dp_accounting.SingleEpochTreeAggregationDpEvent(1e8, [4])
+    assert ledger.epsilon() == pytest.approx(_rdp_epsilon(event, ledger.delta), rel=1e-9)
+    text = opt.describe_epsilon()
+    assert "zero_out adjacency" in text and "DP-FTRL tree aggregation" in text
+
+
+@pytest.mark.slow
+def test_dp_ftrl_learns_digits():
+    x, y = digits()
+    keras.utils.set_random_seed(0)
+    model = tfdp.make_private(tiny_model())
+    steps_per_epoch = len(x) // 64
+    opt = tensorflow_privacy.DPFTRLTreeAggregationOptimizer(
+        1.0, 1.0, model, restart_period=steps_per_epoch, learning_rate=0.5, momentum=0.9)
+    model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction=None), metrics=["accuracy"])
+    history = model.fit(x, y, batch_size=64, epochs=6, verbose=0)
+    assert history.history["accuracy"][-1] > 0.7
+    assert math.isfinite(opt.ledger().epsilon())

@@ -1,0 +1,136 @@
+"""TF-Privacy's `DPFTRLTreeAggregationOptimizer`: DP-FTRL by tree aggregation.
+
+Kairouz et al. 2021, "Practical and Private (Deep) Learning without Sampling
+or Shuffling". TF-Privacy builds it as its generic DP SGD optimizer on a
+`TreeResidualSumQuery` (wrapped in a `RestartQuery` with `restart_period`):
+each step hands SGD the clipped sum plus the increment of the tree's noisy
+prefix sum, divided by the microbatches. Plain SGD then follows
+θ_t = θ_0 − lr · (noisy prefix sum of the gradients) within a tree: FTRL; with
+`momentum` it is FTRL with momentum, as in the paper.
+
+Here the increment is the engine's (`tfdp.dp.tree_noise`, through the
+aggregator's `tree=` option), each node drawn from the secret key, and the
+ledger is dp_accounting's tree-aggregation event
+(`tfdp.privacy.tree_aggregation`), not the shuffle sampler's DP-SGD bound.
+"""
+
+import keras
+
+from tfdp import secret_key as secret_key_lib
+from tfdp.compat.tensorflow_privacy import dp_keras_optimizer
+from tfdp.privacy import tree_aggregation
+
+
+@keras.saving.register_keras_serializable(package="tfdp.compat")
+class DPFTRLTreeAggregationOptimizer(dp_keras_optimizer.DPKerasOptimizer):
+    """DP-FTRL: SGD on the increments of a tree-aggregated noisy prefix sum.
+
+    TF-Privacy's arguments, then `keras.optimizers.SGD`'s (`learning_rate`,
+    `momentum`, `nesterov`, ...). Compile it into `tfdp.make_private(model)`
+    (or a `DPSequential` / `DPModel`), or call `minimize(loss, var_list,
+    tape=tape)` in a custom loop.
+
+    - Noise: every node of the binary tree over a tree's steps is
+      N(0, (l2_norm_clip · noise_multiplier)²); step t releases the clipped
+      sum plus cum(t + 1) − cum(t), cum(n) the sum of the nodes covering the
+      first n steps, divided by the microbatches (the batch size without
+      `num_microbatches`). A restart starts a new tree: the noise of the
+      finished tree stays in the weights, as in TF-Privacy.
+    - Restarts: after step `restart_warmup`, then every `restart_period`
+      steps (TF-Privacy's `PeriodicRoundRestartIndicator`). The paper
+      restarts once per epoch: `restart_period=steps_per_epoch`.
+    - Accounting (`ledger()`, `describe_epsilon()`): fixed-size batches, each
+      example in one step per pass, under zero-out adjacency, with
+      dp_accounting's `SingleEpochTreeAggregationDpEvent` pass by pass when
+      every tree lies within a pass; a tree across m passes (no restarts, or
+      a period longer than a pass) is accounted as a Gaussian of noise
+      multiplier σ / (m·√depth) (`tfdp.privacy.tree_aggregation`).
+      Microbatches of several examples double the sensitivity, as for the
+      DP-SGD optimizers.
+
+    Args:
+        l2_norm_clip: float. C > 0.
+        noise_multiplier: float. σ >= 0 of each tree node.
+        var_list_or_model: a Keras model or variables, or None. TF-Privacy
+            needs it for the noise's shapes; here the shapes come from the
+            model the optimizer is built for, so it is only kept. Defaults
+            to `None`.
+        num_microbatches: int or None. As `DPKerasSGDOptimizer`'s.
+        gradient_accumulation_steps: int. Must be 1 (TF-Privacy advances its
+            tree at each accumulated batch, a noise tfdp does not draw).
+        restart_period: int or None. Steps per tree; None: one tree.
+        restart_warmup: int or None. Steps of the first tree, in
+            [1, restart_period − 1]; needs `restart_period`.
+        noise_seed: int or None. INSECURE: a public seed of the run's key,
+            as `tfdp.DPOptimizer(insecure_reproducible_seed=...)` (it
+            warns). Defaults to `None`: a fresh secret key.
+        *args, **kwargs: `keras.optimizers.SGD`'s.
+    """
+
+    def __init__(self, l2_norm_clip, noise_multiplier, var_list_or_model=None,
+                 num_microbatches=None, gradient_accumulation_steps=1, restart_period=None,
+                 restart_warmup=None, noise_seed=None, *args,
+                 unconnected_gradients_to_zero=False, **kwargs):
+        restarts = tree_aggregation.TreeRestarts(restart_period, restart_warmup)
+        if gradient_accumulation_steps not in (1, None):  # None: SGD's config.
+            raise ValueError(
+                "DPFTRLTreeAggregationOptimizer takes gradient_accumulation_steps=1 only: "
+                "TF-Privacy adds a tree leaf's noise at each of the k batches and applies "
+                "their mean, a noise tfdp's one release per update does not draw. Use a "
+                "larger batch_size (DPModel / make_private fit batches may be split with "
+                "tfdp.DPOptimizer's own accumulation). Received: "
+                f"gradient_accumulation_steps={gradient_accumulation_steps!r}")
+        super().__init__(
+            keras.optimizers.SGD(*args, **kwargs), l2_norm_clip, noise_multiplier,
+            num_microbatches=num_microbatches, gradient_accumulation_steps=1,
+            unconnected_gradients_to_zero=unconnected_gradients_to_zero,
+            name=kwargs.get("name"))
+        self.restarts = restarts
+        self.var_list_or_model = var_list_or_model
+        self.noise_seed = noise_seed
+        if noise_seed is not None:
+            # TF-Privacy's seed is public; so is the key derived from it.
+            self.mechanism_builder.secret_key = secret_key_lib.SecretKey.resolve(
+                insecure_seed=noise_seed)
+        self.mechanism_builder.set_aggregator_options(tree=restarts)
+
+    restart_period = property(lambda self: self.restarts.restart_period)
+    restart_warmup = property(lambda self: self.restarts.restart_warmup)
+
+    def ledger(self, *, dataset_size=None, delta=None, steps=None):
+        """The run's `tfdp.privacy.tree_aggregation.TreeAggregationLedger`.
+
+        N, B and δ are those the DP-SGD optimizers account (the plan's, or
+        `dataset_size` and `delta`); `steps` defaults to the accounted steps.
+        """
+        mech = self.accounting_mechanism(dataset_size, delta)
+        sampler = mech.sampler
+        if steps is None:
+            steps = self.accounted_steps(sampler.steps_per_epoch)
+        return tree_aggregation.TreeAggregationLedger(
+            mech.noise_multiplier, delta=mech.delta, steps=steps,
+            dataset_size=sampler.dataset_size, batch_size=sampler.logical_batch_size,
+            restarts=self.restarts, sensitivity=self.sensitivity,
+            l2_norm_clip=self.l2_norm_clip)
+
+    def get_config(self):
+        config = self.inner_optimizer.get_config()
+        config.update(
+            l2_norm_clip=self.l2_norm_clip,
+            noise_multiplier=self.tf_privacy_noise_multiplier,
+            num_microbatches=self.num_microbatches,
+            gradient_accumulation_steps=1,
+            restart_period=self.restart_period,
+            restart_warmup=self.restart_warmup,
+            unconnected_gradients_to_zero=self.unconnected_gradients_to_zero,
+        )
+        # The noise seed is left out: a saved model must not carry its noise.
+        return config
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        if isinstance(config.get("learning_rate"), dict):
+            config["learning_rate"] = keras.saving.deserialize_keras_object(
+                config["learning_rate"], custom_objects=custom_objects)
+        return cls(**config)

@@ -1,0 +1,81 @@
+"""The noise DP-FTRL releases at each step: the increment of a tree's noisy prefix sum.
+
+With tree aggregation (`tfdp.privacy.tree_aggregation`) the model sees, after
+leaf n − 1 of a tree (n leaves so far), the prefix sum of the clipped sums
+plus the noise of the dyadic nodes that cover [0, n). Fed to SGD as a
+gradient, step n − 1 releases the increment of that noise:
+
+    cum(n) − cum(n − 1) = node(level k, ending at n)
+                          − Σ_{l<k} node(level l, ending at n − 2^l),
+
+with 2^k the lowest set bit of n: [0, n) and [0, n − 1) share every node
+but the block of length 2^k ending at n, which replaces the k blocks of
+[n − 2^k, n − 1). So a step draws 1 + k node noises, 2 on average, and
+Σ of the released noises of a tree is exactly its noisy prefix sum's.
+
+Each node's noise is drawn from the secret noise key by (tree, level, end):
+no node noise is stored, a restarted or resumed run draws the same nodes
+again, and every replica that asks draws the same tensors.
+"""
+
+import tensorflow as tf
+
+from tfdp.dp import noise as noise_lib
+
+# Keeps the node seeds apart from DP-SGD's step seeds of the same key.
+_SALT_TREE = 0x7EE0_0001
+
+
+def tree_and_leaf(step, restarts):
+    """`(tree, leaf)` int64 tensors of a 0-based step, as `TreeRestarts.tree_and_leaf`."""
+    step = tf.cast(step, tf.int64)
+    if restarts.restart_period is None:
+        return tf.constant(0, tf.int64), step
+    period = tf.constant(restarts.restart_period, tf.int64)
+    warmup = restarts.warmup
+    if not warmup:
+        return step // period, step % period
+    after = tf.maximum(step - warmup, 0)
+    in_warmup = step < warmup
+    tree = tf.where(in_warmup, tf.constant(0, tf.int64), 1 + after // period)
+    leaf = tf.where(in_warmup, step, after % period)
+    return tree, leaf
+
+
+def node_seed(noise_key, tree, level, end):
+    """The stateless seed `[2]` of one tree node: (tree, level, end leaf)."""
+    key = tf.random.experimental.stateless_fold_in(
+        tf.cast(noise_key, tf.int64), tf.constant(_SALT_TREE, tf.int64))
+    for word in (tree, level, end):
+        key = tf.random.experimental.stateless_fold_in(key, tf.cast(word, tf.int64))
+    return key
+
+
+def residual_noise(like, stddev, noise_key, step, restarts):
+    """The tree noise released at `step`: `cum(n) − cum(n − 1)` (module docstring).
+
+    Args:
+        like: list of float tensors. The shapes and dtypes of the noise.
+        stddev: float. σC (over the replicas' count, for a replica's share).
+        noise_key: int64 `[2]`. The run's secret noise sub-key.
+        step: int scalar (tensor). The 0-based logical step.
+        restarts: `tfdp.privacy.tree_aggregation.TreeRestarts`.
+
+    Returns:
+        A list of tensors like `like`.
+    """
+    tree, leaf = tree_and_leaf(step, restarts)
+    count = leaf + 1
+    lowest = tf.bitwise.bitwise_and(count, -count)  # 2^k
+    top = noise_lib.gaussian_noise(like, stddev, node_seed(noise_key, tree, lowest, count))
+
+    def body(span, noise):
+        # The block of length `span` = 2^l ending at n − 2^l; its seed's level
+        # word is the span, as the top node's.
+        draws = noise_lib.gaussian_noise(
+            like, stddev, node_seed(noise_key, tree, span, count - span))
+        return span * 2, [n - tf.cast(d, n.dtype) for n, d in zip(noise, draws)]
+
+    _, noise = tf.while_loop(
+        lambda span, noise: span < lowest, body, (tf.constant(1, tf.int64), top))
+    return noise
