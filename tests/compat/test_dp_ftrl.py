@@ -198,3 +198,21 @@ def test_dp_ftrl_learns_digits():
     history = model.fit(x, y, batch_size=64, epochs=6, verbose=0)
     assert history.history["accuracy"][-1] > 0.7
     assert math.isfinite(opt.ledger().epsilon())
+
+
+def test_custom_loop_minimize_follows_the_noisy_prefix_sum():
+    # Zero gradients (a constant loss): after n steps of plain SGD the weights
+    # moved by -lr · cum(n) / B, the tree's prefix noise, here n = 3 = 2 + 1.
+    var = tf.Variable(tf.zeros([5]))
+    opt = tensorflow_privacy.DPFTRLTreeAggregationOptimizer(
+        1.0, 2.0, [var], noise_seed=5, learning_rate=0.5)
+    for _ in range(3):
+        with tf.GradientTape() as tape:
+            loss = 0.0 * tf.reduce_sum(var) * tf.ones([4])
+        opt.minimize(loss, [var], tape=tape)
+    key = opt.mechanism_builder.secret_key.derive("noise")
+    like = [tf.zeros([5])]
+    prefix = sum(noise_lib.gaussian_noise(like, 2.0, tree_noise.node_seed(key, 0, span, end))[0]
+                 for span, end in _dyadic_blocks(3))
+    np.testing.assert_allclose(var.numpy(), -0.5 * prefix.numpy() / 4, rtol=1e-4, atol=1e-6)
+    assert opt.ledger(dataset_size=40).steps == 3
