@@ -216,3 +216,16 @@ def test_custom_loop_minimize_follows_the_noisy_prefix_sum():
                  for span, end in _dyadic_blocks(3))
     np.testing.assert_allclose(var.numpy(), -0.5 * prefix.numpy() / 4, rtol=1e-4, atol=1e-6)
     assert opt.ledger(dataset_size=40).steps == 3
+
+
+def test_fit_on_a_stream_is_refused_before_any_update():
+    x, y = digits(64)
+    model = tfdp.make_private(tiny_model())
+    optimizer = tensorflow_privacy.DPFTRLTreeAggregationOptimizer(
+        1.0, 1.0, learning_rate=0.1, noise_seed=1)
+    model.compile(optimizer=optimizer,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    stream = tf.data.Dataset.from_tensor_slices((x, y)).batch(16)
+    with pytest.raises(ValueError, match="accounts its trees pass by pass"):
+        model.fit(stream, verbose=0)
+    assert int(optimizer.iterations.numpy()) == 0

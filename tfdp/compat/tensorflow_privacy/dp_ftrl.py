@@ -97,6 +97,25 @@ class DPFTRLTreeAggregationOptimizer(dp_keras_optimizer.DPKerasOptimizer):
     restart_period = property(lambda self: self.restarts.restart_period)
     restart_warmup = property(lambda self: self.restarts.restart_warmup)
 
+    def clipping_groups(self, x, batch_size=None):
+        """As `DPKerasOptimizer.clipping_groups`; refuses a streamed `fit` input.
+
+        The tree accounting takes pass p as steps [p·N//B, (p+1)·N//B), which
+        is where fit's array batches put it (their passes follow the global
+        step). A stream's passes are its epochs, of any length: an example
+        could then sit twice in one accounted pass. Runs while the train
+        step is traced, before any update.
+        """
+        plan = self.fit_plan
+        if plan is not None and plan.counts_passes:
+            raise ValueError(
+                "DPFTRLTreeAggregationOptimizer accounts its trees pass by pass, at steps "
+                "that are multiples of N // B, which fit's array batches keep and a "
+                "stream's epochs need not: give fit arrays (numpy or tensors), or use "
+                "`minimize` in a custom loop whose passes are N // B steps each. "
+                "Received: a streamed input")
+        return super().clipping_groups(x, batch_size)
+
     def ledger(self, *, dataset_size=None, delta=None, steps=None):
         """The run's `tfdp.privacy.tree_aggregation.TreeAggregationLedger`.
 
