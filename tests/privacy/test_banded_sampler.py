@@ -37,6 +37,20 @@ class TestGroups:
         assert (a != b).mean() > 0.5
         assert not np.array_equal(np.sort(np.flatnonzero(a == 0)), np.arange(250))
 
+    def test_the_split_is_drawn_once_per_key_and_is_the_same_in_a_graph(self):
+        # Each step's mask reuses the key's groups (two shuffles over N were
+        # 0.8 s a step at N = 4,000); traced or eager, a key splits alike, and
+        # a key known only when the graph runs is drawn there to the same split.
+        sampler = _sampler(1000, 10, 4)
+        eager = sampler.groups(KEY)
+        assert sampler.groups(KEY) is eager
+        traced = tf.function(lambda: sampler.groups(KEY), autograph=False)()
+        fresh = _sampler(1000, 10, 4)
+        symbolic = tf.function(fresh.groups, autograph=False)(tf.constant(KEY, tf.int64))
+        np.testing.assert_array_equal(traced.numpy(), eager.numpy())
+        np.testing.assert_array_equal(symbolic.numpy(), eager.numpy())
+        assert not np.array_equal(sampler.groups(OTHER_KEY).numpy(), eager.numpy())
+
     def test_examples_are_sampled_only_on_their_groups_steps_at_rate_q(self):
         n, batch, bands, steps = 2000, 50, 4, 400
         sampler = _sampler(n, batch, bands)
