@@ -1,5 +1,6 @@
 """The trainer's command line: `--help` and the default workdir."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -76,12 +77,26 @@ def test_every_trainer_setting_moved_to_a_config():
 def test_default_workdir_differs_by_binding():
     assert train.default_workdir(["gin/mnist_default.gin"], []) == "workdir/mnist_default"
     tighter = train.default_workdir(["mnist_default.gin"], ["PrivacyConfig.target_epsilon = 3.0"])
-    assert tighter == "workdir/mnist_default-target_epsilon=3.0"
+    assert tighter == "workdir/mnist_default_target_epsilon-3.0"
     own = train.default_workdir(["mnist_default.gin"], ["DataConfig.dataset = 'folder:/a b'"])
-    assert own == "workdir/mnist_default-dataset=folder_a_b"
+    assert own == "workdir/mnist_default_dataset-folder_a_b"
+    two = train.default_workdir(["mnist_default.gin"], ["OptimizationConfig.epochs = 5",
+                                                        "PrivacyConfig.target_epsilon = 2"])
+    assert two == "workdir/mnist_default_epochs-5_target_epsilon-2"
+    assert not set("=, ") & set(two)
     long_a = train.default_workdir(["x.gin"], ["train.a = " + "1" * 100])
     long_b = train.default_workdir(["x.gin"], ["train.a = " + "1" * 99 + "2"])
     assert long_a != long_b and len(long_a) < 90
+
+
+def test_a_workdir_of_the_earlier_naming_keeps_resuming(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    earlier = tmp_path / "workdir" / "mnist_default-target_epsilon=3.0,epochs=5"
+    earlier.mkdir(parents=True)
+    bindings = ["PrivacyConfig.target_epsilon = 3.0", "OptimizationConfig.epochs = 5"]
+    assert train.default_workdir(["mnist_default.gin"], bindings) == os.path.relpath(earlier)
+    assert train.default_workdir(["mnist_default.gin"], bindings[:1]) == (
+        "workdir/mnist_default_target_epsilon-3.0")
 
 
 def test_configuration_error_leaves_no_workdir(tmp_path):

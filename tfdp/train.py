@@ -164,25 +164,35 @@ def _quiet_startup_noise():
 
 
 def default_workdir(gin_files, gin_params):
-    """`workdir/<last gin file's stem>[-<the bindings, shortened>]`.
+    """`workdir/<last gin file's stem>[_<name>-<value> of each binding, shortened>]`.
 
     Each configuration gets its own directory, so that a command run after
     another with other bindings starts afresh instead of meeting the first
     run's checkpoint (which a change of privacy settings may not resume).
+    The name holds letters, digits, `_`, `-` and `.` only, e.g.
+    `workdir/mnist_default_target_epsilon-3.0`. A directory of an earlier
+    naming (`<stem>-<name>=<value>,...`) that exists is resumed.
     """
     stem = os.path.splitext(os.path.basename(gin_files[-1]))[0]
-    parts = []
+    named, earlier = [], []
     for binding in gin_params:
         name, _, value = binding.partition("=")
         name = name.strip().rsplit(".", 1)[-1]
         value = re.sub(r"[^A-Za-z0-9_.-]+", "_", value.strip()).strip("_")
-        parts.append(f"{name}={value}" if value else name)
-    suffix = ",".join(parts)
+        named.append(f"{name}-{value}" if value else name)
+        earlier.append(f"{name}={value}" if value else name)
+    earlier_dir = _workdir_name(stem, "-", ",".join(earlier))
+    if gin_params and os.path.isdir(earlier_dir):
+        return earlier_dir
+    return _workdir_name(stem, "_", "_".join(named))
+
+
+def _workdir_name(stem, separator, suffix):
     if len(suffix) > 80:  # Readable where short, unique where long.
         import hashlib
 
         suffix = suffix[:60] + "-" + hashlib.sha256(suffix.encode()).hexdigest()[:8]
-    return os.path.join("workdir", f"{stem}-{suffix}" if suffix else stem)
+    return os.path.join("workdir", f"{stem}{separator}{suffix}" if suffix else stem)
 
 
 def main(argv):
