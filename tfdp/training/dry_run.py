@@ -6,6 +6,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from tfdp import samplers
 from tfdp.training import guards
 from tfdp.training import reporting
 
@@ -75,4 +76,7 @@ def dry_run(model, step_fn, info, plan, batching, *, clipping_plan, probe_settin
         reporting.log(
             f"dry run: sigma={ledger.noise_multiplier:.4f} q={sampler.sampling_rate:.6f} "
             f"steps={plan.total_steps} {ledger.describe_epsilon(epsilon, steps=plan.total_steps)}")
+        weak = samplers.weak_amplification_warning(sampler, epsilon=epsilon, delta=plan.delta)
+        if weak:
+            reporting.log(f"dry run: warning: {weak}")
     return summary

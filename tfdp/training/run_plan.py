@@ -274,6 +274,11 @@ def log_run_plan(model, plan, batching, *, dataset, clipping_plan, out_dir):
             f"q={sampler.group_sampling_rate:.5f} within the group; epsilon counts "
             f"{sampler.unit_count(plan.total_steps)} rounds of {plan.total_steps} steps")
     privacy_unit_lib.log_privacy_unit(mechanism, plan.total_steps)
+    weak = samplers.weak_amplification_warning(
+        sampler, epsilon=mechanism.ledger().epsilon_after(plan.total_steps),
+        delta=mechanism.delta)
+    if weak:
+        reporting.log(f"warning: {weak}")
     if plan.budget_steps < plan.total_steps:
         reporting.log(
             f"privacy budget epsilon={mechanism.target_epsilon} allows {plan.budget_steps} of "
