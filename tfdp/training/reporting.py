@@ -251,14 +251,14 @@ class RunReporter:
         with self.writer.as_default(step=step):
             tf.summary.scalar("learning_rate", learning_rate)
         # Gradient norms and clipping are DP-SGD's: a non-private run has none.
-        if self.report_non_dp_statistics and self.ledger is not None:
+        if self.report_non_dp_statistics and self.delta is not None:
             self._legend()
             line += (f" {NON_DP_COLUMN} grad_norm={stats['mean_grad_norm']:.3f} "
                      f"clipped={stats['clipped_fraction']:.0%}")
             self._write_non_dp(step, {k: stats[k] for k in
                                       ("mean_grad_norm", "clipped_fraction", "nonfinite")})
         log(line)
-        if self.report_non_dp_statistics and self.ledger is not None and stats["nonfinite"]:
+        if self.report_non_dp_statistics and self.delta is not None and stats["nonfinite"]:
             log(f"  warning ({NOT_COVERED}): {stats['nonfinite']:.0f} examples had "
                 "non-finite gradients and were dropped from their steps")
 
