@@ -130,14 +130,20 @@ def prepare(optimizer, rows, var_list):
             optimizer.build(var_list)
 
 
-def noisy_gradients(optimizer, loss, var_list, tape):
-    """The clipped, noised mean of one batch, released now and counted in `iterations`."""
+def clipped_batch(optimizer, loss, var_list, tape):
+    """`(Σ clip(g_j), var_list)` of one batch's microbatches, the optimizer prepared for it."""
     loss, var_list, tape = loss_and_tape(loss, var_list, tape)
     with tape:
         losses, rows = microbatch_losses(loss, optimizer.num_microbatches)
     summed = clipped_sum(tape, losses, var_list, optimizer.l2_norm_clip,
                          optimizer.unconnected_gradients_to_zero)
     prepare(optimizer, rows, var_list)
+    return summed, var_list
+
+
+def noisy_gradients(optimizer, loss, var_list, tape):
+    """The clipped, noised mean of one batch, released now and counted in `iterations`."""
+    summed, var_list = clipped_batch(optimizer, loss, var_list, tape)
     step = tf.cast(optimizer.iterations, tf.int64)
     allowed = optimizer.account.release_allowed(step)
     with tf.control_dependencies([tf.debugging.assert_equal(
@@ -153,12 +159,7 @@ def noisy_gradients(optimizer, loss, var_list, tape):
 
 def minimize(optimizer, loss, var_list, tape):
     """Clips, accumulates k batches, noises once and applies through the wrapped optimizer."""
-    loss, var_list, tape = loss_and_tape(loss, var_list, tape)
-    with tape:
-        losses, rows = microbatch_losses(loss, optimizer.num_microbatches)
-    summed = clipped_sum(tape, losses, var_list, optimizer.l2_norm_clip,
-                         optimizer.unconnected_gradients_to_zero)
-    prepare(optimizer, rows, var_list)
+    summed, var_list = clipped_batch(optimizer, loss, var_list, tape)
     # The logical step of `fit`: accumulate; after k batches noise once and
     # apply with the wrapped optimizer (which counts the step), within budget.
     optimizer.logical_step.add_batch(summed, var_list)
