@@ -157,10 +157,24 @@ def train(workdir, seed=0, strategy_name=None, dry_run=False, *, data_config=Non
 
 
 def _quiet_startup_noise():
-    """One-line warnings (`tfdp.config` resolves gin includes, so gin logs no probes)."""
+    """One-line warnings, each message once a run (`tfdp.config` resolves gin includes,
+    so gin logs no probes).
+
+    A run checks the same thing wherever it builds or reads its contract
+    (δ against 1/N when σ is calibrated and again for the ledger); the
+    command line says it once.
+    """
     import warnings
 
-    warnings.formatwarning = lambda message, category, *args, **kwargs: f"warning: {message}\n"
+    shown = set()
+
+    def show_once(message, category, filename, lineno, file=None, line=None):
+        text = str(message)
+        if text not in shown:
+            shown.add(text)
+            (file or sys.stderr).write(f"warning: {text}\n")
+
+    warnings.showwarning = show_once
 
 
 def default_workdir(gin_files, gin_params):
