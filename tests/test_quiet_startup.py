@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from absl.testing import absltest
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,6 +25,7 @@ class QuietStartupTest(absltest.TestCase):
         for notice in _NOTICES:
             self.assertNotIn(notice, proc.stderr + proc.stdout)
 
+    @pytest.mark.slow  # A whole CLI process with TensorFlow and a dry run (about 30 s).
     def test_a_cli_run_prints_no_notice_and_each_warning_once(self):
         # A dry run builds the model and trains two steps on mock data; δ above
         # 1/N (N = 4,000) is checked twice in the run and said once.
