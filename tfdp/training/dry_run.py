@@ -64,6 +64,7 @@ def dry_run(model, step_fn, info, plan, batching, *, clipping_plan, probe_settin
         "noise_multiplier": ledger.noise_multiplier if ledger else 0.0,
         "epsilon": epsilon, "delta": plan.delta,
         "seconds_per_epoch_estimate": per_epoch, "sensitivity": sensitivity,
+        "bands": getattr(sampler, "bands", 1),
     }
     total = per_epoch * plan.total_steps / max(sampler.steps_per_epoch, 1e-9)
     reporting.log(
