@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import tfdp
 from tfdp import config
 from tfdp import train
 from tfdp.privacy import banded_mf
@@ -118,6 +119,44 @@ class BandedTrainerTest(tf.test.TestCase):
                 train.train(workdir)
         finally:
             gin.clear_config()
+
+
+class BandedUserLevelTrainerTest(tf.test.TestCase):
+
+    def test_user_level_run_with_two_bands_records_them(self):
+        # The digits training split, each example given one of 300 simulated users.
+        train_source, _, _ = tfdp.data.load_offline("digits")
+        x = np.round(np.asarray(train_source.images) * 255).astype("uint8")
+        y = np.asarray(train_source.labels)
+        users = np.random.default_rng(0).integers(0, 300, size=len(y))
+        path = os.path.join(self.create_tempdir().full_path, "users.npz")
+        np.savez(path, x_train=x, y_train=y, user_ids=users, x_test=x[:100], y_test=y[:100])
+        workdir = self.create_tempdir().full_path
+        config.parse(["mnist_default.gin"], [
+            *QUICK, f"DataConfig.dataset = 'npz:{path}'",
+            "OptimizationConfig.logical_batch_size = 16",
+            "RunConfig.physical_batch_size = 32",
+            "PrivacyConfig.privacy_unit = 'user'",
+            "PrivacyConfig.max_examples_per_user = 2",
+            "PrivacyConfig.bands = 2"])
+        try:
+            summary = train.train(workdir)
+        finally:
+            gin.clear_config()
+        with open(os.path.join(workdir, "summary.json")) as f:
+            written = json.load(f)
+        users_n = len(np.unique(users))
+        self.assertEqual(written["bands"], 2)
+        self.assertEqual(written["privacy_unit"], "user")
+        self.assertNotIn("example_level_group_privacy", written)
+        self.assertAllClose(summary["sampling_probability"], 2 * 16 / users_n)
+        ledger = _ledger(workdir)
+        self.assertEqual((ledger["sampler"], ledger["bands"], ledger["dataset_size"]),
+                         ("banded_user_poisson", 2, users_n))
+        expected = _amplified_epsilon(summary["noise_multiplier"], summary["steps"], 2,
+                                      2 * 16 / users_n, summary["delta"])
+        self.assertAllClose(summary["epsilon"], expected, rtol=1e-9)
+        self.assertLessEqual(summary["epsilon"], 4.0 + 1e-9)
 
 
 class BandedResumeAfterKillTest(tf.test.TestCase):

@@ -47,8 +47,9 @@ class DPSGDConfig:
             the most examples of one user in a logical step. Defaults to None.
         bands: int. b >= 1: banded matrix-factorization DP-SGD with a
             b-banded strategy (`tfdp.privacy.banded_mf`), which needs a
-            sampler whose steps of one example are b apart
-            ("banded_poisson"). Example level only. Defaults to 1 (DP-SGD).
+            sampler whose steps of one privacy unit are b apart
+            ("banded_poisson" for examples, "banded_user_poisson" for
+            users). Defaults to 1 (DP-SGD).
         band_coefficients: sequence of b floats or None. The strategy's
             coefficients c_0 … c_{b-1}: c_0 > 0 and Euclidean norm <= 1
             (`banded_mf.normalize_coefficients` scales them). None: the
@@ -130,16 +131,11 @@ class DPSGDConfig:
                       banded_mf.check_coefficients(self.band_coefficients, self.bands))
         if self.bands == 1:
             return
-        if self.privacy_unit != "example":
-            raise ValueError(
-                "bands > 1 (banded matrix factorization) is available at privacy_unit="
-                "'example' only: users are not yet split into groups. Received: "
-                f"bands={self.bands}, privacy_unit={self.privacy_unit!r}")
         if self.sampler is not None and not samplers.sampler_class(self.sampler).takes_bands:
             raise ValueError(
-                "bands > 1 needs a sampler that keeps each example's steps `bands` apart "
-                f"(sampler='banded_poisson'). Received: sampler={self.sampler!r}, "
-                f"bands={self.bands}")
+                "bands > 1 needs a sampler that keeps each privacy unit's steps `bands` apart "
+                "(sampler='banded_poisson', or 'banded_user_poisson' for users). Received: "
+                f"sampler={self.sampler!r}, bands={self.bands}")
 
     @property
     def strategy_coefficients(self):

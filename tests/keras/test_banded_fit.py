@@ -77,3 +77,54 @@ class BandedFitTest(ktc.KerasTestCase):
         optimizer = tfdp.DPOptimizer("sgd", 1.0, 1.0, bands=3)
         restored = tfdp.DPOptimizer.from_config(optimizer.get_config())
         self.assertEqual(restored.bands, 3)
+
+
+class BandedUserFitTest(ktc.KerasTestCase):
+    """`DPOptimizer(bands=b, privacy_unit="user")`: b groups of users."""
+
+    USERS, K, B = 60, 2, 5
+
+    def _fit(self, **dp_kwargs):
+        # 60 users with 1 to 4 examples each (150 examples).
+        counts = np.tile([1, 2, 3, 4], self.USERS // 4)
+        user_ids = np.random.default_rng(0).permutation(
+            np.repeat(np.arange(self.USERS), counts))
+        x, y = ktc.digits(len(user_ids))
+        keras.utils.set_random_seed(0)
+        dp = self.private(ktc.tiny_model(), noise_multiplier=1.0, insecure_reproducible_seed=5,
+                          privacy_unit="user", max_examples_per_user=self.K, **dp_kwargs)
+        before = ktc.weights(dp)
+        # batch_size = B users of k rows: B users per step, N / B steps.
+        dp.fit(x, y, user_ids=user_ids, batch_size=self.B * self.K, verbose=0)
+        return dp, before
+
+    def test_two_bands_train_on_groups_of_users_accounted_by_rounds(self):
+        dp, before = self._fit(bands=2)
+        optimizer = dp.optimizer
+        sampler = optimizer.mechanism.sampler
+        self.assertEqual(sampler.name, "banded_user_poisson")
+        self.assertEqual((sampler.bands, sampler.dataset_size), (2, self.USERS))
+        self.assertEqual(optimizer.mechanism.bands, 2)
+        self.assertEqual(tuple(optimizer.logical_step.noise_state[0].shape)[0], 1)
+        self.assertTrue(all(np.all(np.isfinite(w)) for w in ktc.weights(dp)))
+        self.assertFalse(all(np.array_equal(a, b) for a, b in zip(ktc.weights(dp), before)))
+        steps = int(optimizer.iterations.numpy())
+        self.assertEqual(steps, self.USERS // self.B)
+        accountant = dp_accounting.rdp.RdpAccountant()
+        accountant.compose(dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(
+                2 * self.B / self.USERS, dp_accounting.GaussianDpEvent(1.0)),
+            math.ceil(steps / 2)))
+        self.assertAllClose(dp.epsilon(), accountant.get_epsilon(optimizer.delta), rtol=1e-6)
+        ledger = dp.privacy_ledger()
+        self.assertEqual((ledger.privacy_unit, ledger.sampler, ledger.bands),
+                         ("user", "banded_user_poisson", 2))
+        # No group-privacy comparison is claimed for a banded run.
+        with self.assertRaisesRegex(ValueError, "bands=2"):
+            dp.example_level_claim()
+
+    def test_one_band_is_user_poisson_dp_sgd(self):
+        banded, _ = self._fit(sampler="banded_user_poisson", bands=1)
+        plain, _ = self._fit()
+        self.assertEqual(plain.optimizer.mechanism.sampler.name, "user_poisson")
+        self.assertWeightsClose(ktc.weights(banded), ktc.weights(plain), rtol=0, atol=0)

@@ -169,7 +169,10 @@ class TestConfigAndLedger:
         ({"bands": 3, "band_coefficients": (0.8, 0.6)}, "3 coefficients"),
         ({"bands": 2, "band_coefficients": (0.9, 0.6)}, "norm"),
         ({"bands": 2, "sampler": "poisson"}, "banded_poisson"),
-        ({"bands": 2, "privacy_unit": "user", "max_examples_per_user": 1}, "privacy_unit"),
+        ({"bands": 2, "privacy_unit": "user", "max_examples_per_user": 1,
+          "sampler": "user_poisson"}, "banded_user_poisson"),
+        ({"bands": 2, "privacy_unit": "user", "max_examples_per_user": 1,
+          "sampler": "banded_poisson"}, "privacy_unit"),
     ])
     def test_config_refuses(self, changes, match):
         with pytest.raises(ValueError, match=match):

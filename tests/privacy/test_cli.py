@@ -365,6 +365,19 @@ class CliBandsTest(parameterized.TestCase):
         self.assertLess(noise["optimized"]["prefix_sum_error"],
                         noise["sqrt"]["prefix_sum_error"])
 
+    def test_users_are_split_into_the_groups(self):
+        code, out, err = _main("--dataset_size=1000", "--batch_size=10", "--steps=100",
+                               "--noise_multiplier=1", "--delta=1e-5", "--bands=4",
+                               "--sampler=user_poisson", "--json")
+        self.assertEqual(code, 0, err)
+        result = json.loads(out)
+        self.assertEqual(result["sampler"], "banded_user_poisson")
+        self.assertEqual(result["adjacency"], "add_or_remove_one_user")
+        accountant = dp_rdp.RdpAccountant()
+        accountant.compose(dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(0.04, dp_accounting.GaussianDpEvent(1.0)), 25))
+        self.assertAlmostEqual(result["epsilon_rdp"], accountant.get_epsilon(1e-5), delta=1e-9)
+
     def test_target_epsilon_calibrates_the_banded_sigma(self):
         code, out, err = _main("--dataset_size=4000", "--batch_size=256", "--steps=469",
                                "--target_epsilon=8", "--delta=1e-5", "--bands=4", "--json")
@@ -381,7 +394,7 @@ class CliBandsTest(parameterized.TestCase):
             8.0, 1e-5, steps=469, dataset_size=4000, batch_size=256))
 
     @parameterized.parameters(
-        (["--bands=2", "--sampler=shuffle"], "--bands > 1 samples each example"),
+        (["--bands=2", "--sampler=shuffle"], "--bands > 1 samples each privacy unit"),
         (["--bands=16"], "bands × logical_batch_size must not exceed"),
         (["--bands=0"], "expected >= 1"),
     )

@@ -91,8 +91,6 @@ def test_privacy_request_is_validated_by_dpsgd_config():
     (training.PrivacyConfig, dict(noise_multiplier=1.0, bands=0), "bands"),
     (training.PrivacyConfig, dict(noise_multiplier=1.0, bands=2, sampler="shuffle"),
      "sampler='shuffle' cannot"),
-    (training.PrivacyConfig, dict(noise_multiplier=1.0, bands=2, privacy_unit="user",
-                                  max_examples_per_user=2), "privacy_unit='example' only"),
     (training.PrivacyConfig, dict(noise_multiplier=1.0, bands=2, band_coefficients="best"),
      "band_coefficients"),
     (training.PrivacyConfig, dict(noise_multiplier=1.0, bands=2, band_coefficients=[1.0]),
@@ -120,6 +118,9 @@ def test_bands_pick_the_banded_sampler_and_their_coefficients():
                                        band_coefficients="optimized")
     assert optimized.request_for(469).strategy_coefficients == (
         banded_mf.optimized_coefficients(4, 469))
+    users = training.PrivacyConfig(noise_multiplier=1.0, bands=2, privacy_unit="user",
+                                   max_examples_per_user=2)
+    assert users.sampler_name == "banded_user_poisson" and users.dpsgd_config.bands == 2
     given = training.PrivacyConfig(noise_multiplier=1.0, bands=2, band_coefficients=[0.8, 0.6])
     assert given.request_for(10).strategy_coefficients == (0.8, 0.6)
     # At b = 1 every choice is DP-SGD's.

@@ -101,7 +101,8 @@ def describe_epsilon(ledger, max_examples_per_user=None, *, epsilon=None, brief=
         adjacency: ...); privacy unit: user (N=500 users, at most 4 examples
         of a user per step); for comparison, example-level accounting with
         group privacy for 4 examples would claim epsilon=... at delta=...`
-        (the comparison not when `brief`).
+        (the comparison not when `brief`, nor for a banded run, for which
+        group privacy is not established).
     """
     text = ledger.describe_epsilon(epsilon, brief=brief)
     unit = ledger.privacy_unit
@@ -109,7 +110,7 @@ def describe_epsilon(ledger, max_examples_per_user=None, *, epsilon=None, brief=
         return text
     text = (f"{text}; privacy unit: {unit} (N={ledger.dataset_size} {unit}s, at most "
             f"{max_examples_per_user} examples of a {unit} per step)")
-    if brief:
+    if brief or ledger.bands > 1:
         return text
     claim = privacy.example_level_claim(ledger, max_examples_per_user)
     return f"{text}; for comparison, {privacy.describe_example_level_claim(claim)}"
@@ -131,7 +132,8 @@ def example_level_claim(optimizer, *, dataset_size=None, delta=None, steps=None)
         The dict of `tfdp.privacy.example_level_claim`.
 
     Raises:
-        ValueError: under `privacy_unit="example"`.
+        ValueError: under `privacy_unit="example"`, or with `bands` > 1
+            (no group-privacy comparison holds for banded runs).
     """
     if optimizer.privacy_unit != "user":
         raise ValueError(

@@ -28,8 +28,9 @@ DEFAULT_SAMPLERS = {
     ("user", fit_plan_lib.SAMPLED): "user_poisson",
 }
 
-# The sampler of banded matrix-factorization noise (bands > 1) on every route.
-BANDED_SAMPLER = "banded_poisson"
+# The sampler of banded matrix-factorization noise (bands > 1) on every
+# route, by privacy unit: Poisson sampling within b groups of the units.
+BANDED_SAMPLERS = {"example": "banded_poisson", "user": "banded_user_poisson"}
 
 
 class MechanismBuilder:
@@ -63,7 +64,8 @@ class MechanismBuilder:
         gradient_accumulation_steps: int. `fit` batches per logical step,
             for the default B.
         bands: int. b >= 1: banded matrix-factorization noise over b bands
-            (the sampler "banded_poisson"); 1 is DP-SGD.
+            (the sampler "banded_poisson", or "banded_user_poisson" for
+            users); 1 is DP-SGD.
         band_coefficients: sequence of b floats or None. The strategy's
             coefficients; None: the banded square root.
     """
@@ -284,8 +286,8 @@ class MechanismBuilder:
                 )
         elif self.sampler is not None:
             return self.sampler
-        if self.bands > 1:  # Keeps each example's steps `bands` apart.
-            return BANDED_SAMPLER
+        if self.bands > 1:  # Keeps each unit's steps `bands` apart.
+            return BANDED_SAMPLERS[self.privacy_unit]
         # A unit with one sampler (users) takes it on every route, which then
         # refuses the routes it cannot draw.
         return DEFAULT_SAMPLERS.get((self.privacy_unit, route),
@@ -330,11 +332,10 @@ class MechanismBuilder:
         return batch, n
 
     def _sampler_options(self, cls, user_ids):
-        """The sampler's own arguments: its bands, or the users of the examples."""
-        if cls.takes_bands:
-            return {"bands": self.bands}
+        """The sampler's own arguments: its bands, and the users of the examples."""
+        banded = {"bands": self.bands} if cls.takes_bands else {}
         if cls.privacy_unit == "example":
-            return {}
+            return banded
         given = self.mechanism.sampler if self.given else None
         if given is not None and given.user_ids is not None and not np.array_equal(
                 given.user_ids, user_ids):
@@ -342,7 +343,8 @@ class MechanismBuilder:
                 "The mechanism's sampler was made for other user ids than fit's "
                 "`user_ids`. Received: user ids that differ from the sampler's"
             )
-        return {"user_ids": user_ids, "max_examples_per_user": self.max_examples_per_user}
+        return {"user_ids": user_ids, "max_examples_per_user": self.max_examples_per_user,
+                **banded}
 
     def _fit_mechanism(self, sampler, batch):
         """The request bound to this fit: its sampler (or divisor) and the key."""

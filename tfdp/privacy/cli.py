@@ -21,8 +21,9 @@ adjacency.
 order: one Gaussian mechanism per pass, no amplification, under zero-out
 adjacency (an example's slot left empty); the replace-one epsilon (sigma / 2
 per pass) is printed too.
---bands=b (b > 1): banded matrix-factorization DP-SGD (sampler banded_poisson):
-the examples are split into b groups, step t samples group t mod b at
+--bands=b (b > 1): banded matrix-factorization DP-SGD (sampler banded_poisson,
+or banded_user_poisson for --sampler=user_poisson): the examples (users) are
+split into b groups, step t samples group t mod b at
 q = b*B/N, and epsilon is that of ceil(steps / b) Poisson-subsampled
 Gaussians at that q. The model's noise (RMS prefix-sum error times sigma, in
 units of C) is printed for the banded square root and optimized strategies."""
@@ -119,8 +120,8 @@ def build_parser():
     )
     parser.add_argument(
         "--bands", type=_positive_int, default=1,
-        help="b: banded matrix factorization with b bands (sampler banded_poisson); "
-             "1 is DP-SGD (default)",
+        help="b: banded matrix factorization with b bands (sampler banded_poisson, or "
+             "banded_user_poisson for users); 1 is DP-SGD (default)",
     )
     parser.add_argument(
         "--tolerance",
@@ -222,18 +223,26 @@ def compute(args):
     return result
 
 
+# Each sampler with bands > 1 and its b-group form.
+_BANDED_FORMS = {"poisson": "banded_poisson", "banded_poisson": "banded_poisson",
+                 "user_poisson": "banded_user_poisson",
+                 "banded_user_poisson": "banded_user_poisson"}
+
+
 def _accounted_sampler(args):
-    """`(name, sampler)` of the run asked for: "banded_poisson" with b bands when b > 1."""
+    """`(name, sampler)` of the run asked for: its banded form with b bands when b > 1."""
     if args.bands == 1:
         return args.sampler, samplers.make_sampler(
             args.sampler, dataset_size=args.dataset_size, logical_batch_size=args.batch_size)
-    if args.sampler not in ("poisson", "banded_poisson"):
+    if args.sampler not in _BANDED_FORMS:
         raise ValueError(
-            "--bands > 1 samples each example in steps at least `bands` apart (Poisson "
-            "sampling within b groups, --sampler=poisson or banded_poisson). "
+            "--bands > 1 samples each privacy unit in steps at least `bands` apart (Poisson "
+            "sampling within b groups: --sampler=poisson or banded_poisson for examples, "
+            "user_poisson or banded_user_poisson for users). "
             f"Received: sampler={args.sampler!r}, bands={args.bands}")
-    return "banded_poisson", samplers.make_sampler(
-        "banded_poisson", dataset_size=args.dataset_size, logical_batch_size=args.batch_size,
+    name = _BANDED_FORMS[args.sampler]
+    return name, samplers.make_sampler(
+        name, dataset_size=args.dataset_size, logical_batch_size=args.batch_size,
         bands=args.bands)
 
 

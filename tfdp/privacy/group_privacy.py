@@ -189,7 +189,18 @@ def example_level_claim(ledger, group_size, steps=None):
         A dict: `example_epsilon` (example-level, at the ledger's δ),
         `group_size`, `group_epsilon` (possibly `inf`), `group_delta` (the
         ledger's δ) and `how`, a sentence saying what it is.
+
+    Raises:
+        ValueError: for a banded run (`ledger.bands` > 1), which has no such
+            comparison: the conversions are proved for DP-SGD's Poisson
+            sampling, where a user's k examples may share every step, not
+            for b groups in which they may sit apart.
     """
+    if ledger.bands > 1:
+        raise ValueError(
+            "The example-level comparison is for DP-SGD runs: group privacy is not "
+            "established for banded matrix factorization. Received: a ledger with "
+            f"bands={ledger.bands}")
     steps = ledger.steps if steps is None else steps
     sigma, q = ledger.effective_noise_multiplier, ledger.sampling_rate
     example_epsilon = accounting.epsilon(sigma, steps, ledger.delta, sampling_rate=q,

@@ -81,7 +81,8 @@ class PrivacyLedger:
             `noise_multiplier / sensitivity`. Defaults to `1`.
         bands: int. b >= 1, the bands of a banded matrix-factorization
             strategy (`tfdp.privacy.banded_mf`); b > 1 needs a sampler whose
-            steps of one unit are b apart ("banded_poisson"), and is
+            steps of one unit are b apart ("banded_poisson",
+            "banded_user_poisson"), and is
             accounted as that sampler's ⌈T/b⌉ rounds. Defaults to `1`
             (DP-SGD).
         band_coefficients: sequence of floats or None. The strategy's
@@ -156,7 +157,7 @@ class PrivacyLedger:
         if accounted is None or accounted.bands != self._bands:
             raise ValueError(
                 f"bands={self._bands} needs a sampler that keeps each unit's steps "
-                "`bands` apart (sampler='banded_poisson'). "
+                "`bands` apart (sampler='banded_poisson' or 'banded_user_poisson'). "
                 f"Received: sampler={sampler!r}, bands={self._bands}"
             )
         return accounted

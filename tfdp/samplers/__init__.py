@@ -1,8 +1,9 @@
 """Samplers: how each logical step's examples are drawn, and their DP events.
 
-`make_sampler("poisson" | "shuffle" | "user_poisson" | "banded_poisson", dataset_size=,
-logical_batch_size=, ...)` returns one. See `tfdp.samplers.base.Sampler` for
-what every sampler knows.
+`make_sampler("poisson" | "shuffle" | "user_poisson" | "banded_poisson" |
+"banded_user_poisson", dataset_size=, logical_batch_size=, ...)` returns one.
+See `tfdp.samplers.base.Sampler` for what every sampler knows, and
+`BandGroups` for the b-group split the banded samplers share.
 """
 
 from tfdp.samplers.amplification import weak_amplification_warning
@@ -15,11 +16,15 @@ from tfdp.samplers.base import sampler_class
 from tfdp.samplers.poisson import PoissonSampler
 from tfdp.samplers.shuffle import ShuffleSampler
 from tfdp.samplers.user_poisson import UserPoissonSampler
-# Imported last, so that it is registered (and listed, e.g. in --help) after the others.
+# Imported last, so that they are registered (and listed, e.g. in --help) after the others.
+from tfdp.samplers.banded_poisson import BandGroups  # noqa: E402,I001
 from tfdp.samplers.banded_poisson import BandedPoissonSampler  # noqa: E402,I001
+from tfdp.samplers.banded_user_poisson import BandedUserPoissonSampler  # noqa: E402,I001
 
 __all__ = [
+    "BandGroups",
     "BandedPoissonSampler",
+    "BandedUserPoissonSampler",
     "PoissonSampler",
     "Sampler",
     "ShuffleSampler",

@@ -1,4 +1,4 @@
-"""`BandedPoissonSampler`: b groups of examples, step t samples group t mod b (BandMF)."""
+"""`BandGroups` and `BandedPoissonSampler`: b groups, step t samples group t mod b (BandMF)."""
 
 import dp_accounting
 import numpy as np
@@ -8,23 +8,25 @@ from tfdp.samplers import keys
 from tfdp.samplers import poisson
 
 
-@base.register
-class BandedPoissonSampler(poisson.PoissonSampler):
-    """Poisson sampling within b groups: the sampler of banded MF DP-SGD.
+class BandGroups:
+    """Poisson sampling within b secret groups of a sampler's privacy units (BandMF).
 
-    The examples are split once into b groups, as equal in size as possible
-    (sizes ⌈N/b⌉ and ⌊N/b⌋), uniformly at random from the secret sampling
-    key: example i goes to group `label(π(i) mod b)`, π a secret permutation
-    of the examples and `label` a secret permutation of the b groups. Step t
-    draws from group t mod b only, each of its examples independently with
-    probability q = B / (N / b) = b·B / N, from the same uniform as
-    `PoissonSampler` (so with b = 1 its batches are Poisson's exactly). The
-    steps of one example are therefore at least b apart.
+    Mixed into a Poisson sampler (before it in the bases) whose `mask` is
+    over `dataset_size` privacy units: `BandedPoissonSampler` (examples),
+    `BandedUserPoissonSampler` (users). The units are split once into b
+    groups, as equal in size as possible (sizes ⌈N/b⌉ and ⌊N/b⌋), uniformly
+    at random from the secret sampling key: unit i goes to group
+    `label(π(i) mod b)`, π a secret permutation of the units and `label` a
+    secret permutation of the b groups. Step t draws from group t mod b
+    only, each of its units independently with probability
+    q = B / (N / b) = b·B / N, from the same uniform as `PoissonSampler`
+    (so with b = 1 its masks are the Poisson sampler's exactly). The steps
+    of one unit are therefore at least b apart.
 
     The random labels make the split a uniformly random balanced labelled
-    partition: removing one example leaves a uniformly random balanced
+    partition: removing one unit leaves a uniformly random balanced
     partition of the others, so the guarantee, proved for any fixed
-    partition, holds for the drawn one under add/remove-one adjacency.
+    partition, holds for the drawn one under add/remove-one-unit adjacency.
 
     Accounting (amplified banded matrix factorization, Choquette-Choo et al.
     2023, Theorem 4, as `jax_privacy`'s `amplified_bandmf_event`): with a
@@ -35,36 +37,35 @@ class BandedPoissonSampler(poisson.PoissonSampler):
     on average over the groups).
 
     Args:
-        dataset_size, logical_batch_size, physical_batch_size, num_hosts:
-            see `tfdp.samplers.Sampler`. b·B must not exceed N.
+        *args, **kwargs: the arguments of the sampler it is mixed into.
         bands: int. b >= 1, the strategy's bands and the number of groups.
             Defaults to 1 (Poisson sampling).
     """
 
-    name = "banded_poisson"
     takes_bands = True
 
-    def __init__(self, dataset_size, logical_batch_size, physical_batch_size=None, num_hosts=1,
-                 *, bands=1):
+    def __init__(self, *args, bands=1, **kwargs):
         self.bands = base.positive_int("bands", bands)
         # The groups of each key drawn so far: they are fixed for a run, and
         # drawing them (two index shuffles over N) took 0.8 s at N = 4,000 on
         # 2 cores, which every step's mask would otherwise repeat.
         self._groups_by_key = {}
-        super().__init__(dataset_size, logical_batch_size, physical_batch_size, num_hosts)
+        super().__init__(*args, **kwargs)
 
     def _validate(self):
+        super()._validate()
         if self.bands * self.logical_batch_size > self.dataset_size:
+            units = f"{self.privacy_unit}s"
             raise ValueError(
-                "For sampler='banded_poisson', bands × logical_batch_size must not exceed the "
-                "dataset size: each step samples one of `bands` groups of about N / bands "
-                f"examples. Received: bands={self.bands}, "
+                f"For sampler={self.name!r}, bands × logical_batch_size must not exceed the "
+                f"dataset size ({units}): each step samples one of `bands` groups of about "
+                f"N / bands {units}. Received: bands={self.bands}, "
                 f"logical_batch_size={self.logical_batch_size}, dataset_size={self.dataset_size}"
             )
 
     @property
     def group_sampling_rate(self):
-        """q = B / (N / b): each example's probability in a step of its group."""
+        """q = B / (N / b): each unit's probability in a step of its group."""
         return self.logical_batch_size * self.bands / self.dataset_size
 
     def unit_event(self, noise_multiplier):
@@ -73,11 +74,11 @@ class BandedPoissonSampler(poisson.PoissonSampler):
         )
 
     def unit_count(self, steps):
-        """⌈T/b⌉ rounds: each example takes part in at most one step of b."""
+        """⌈T/b⌉ rounds: each unit takes part in at most one step of b."""
         return -(-int(steps) // self.bands)
 
     def groups(self, sampling_key):
-        """int64 `[N]`: the group of each example, in [0, b)."""
+        """int64 `[N]`: the group of each unit, in [0, b)."""
         import tensorflow as tf
 
         if self.bands == 1:
@@ -108,7 +109,7 @@ class BandedPoissonSampler(poisson.PoissonSampler):
         )
 
     def mask(self, sampling_key, step):
-        """Boolean `[N]`: the examples of group `step mod b`, each with probability q."""
+        """Boolean `[N]`: the units of group `step mod b`, each with probability q."""
         import tensorflow as tf
 
         u = tf.random.stateless_uniform(
@@ -121,14 +122,37 @@ class BandedPoissonSampler(poisson.PoissonSampler):
         mine = tf.equal(self.groups(sampling_key), tf.cast(step, tf.int64) % self.bands)
         return tf.logical_and(drawn, mine)
 
-    def with_hosts(self, num_hosts, physical_batch_size=None):
-        return type(self)(self.dataset_size, self.logical_batch_size,
-                          physical_batch_size or self.physical_batch_size, num_hosts,
-                          bands=self.bands)
-
     def describe(self):
         return (super().describe()
                 + f" bands={self.bands} group_q={self.group_sampling_rate:.6g}")
 
     def __repr__(self):
         return super().__repr__()[:-1] + f", bands={self.bands})"
+
+
+@base.register
+class BandedPoissonSampler(BandGroups, poisson.PoissonSampler):
+    """Poisson sampling of examples within b groups: the sampler of banded MF DP-SGD.
+
+    The examples are split once into b secret, balanced groups and step t
+    samples group t mod b at q = b·B / N (`BandGroups`); with b = 1 its
+    batches and events are `PoissonSampler`'s exactly.
+
+    Args:
+        dataset_size, logical_batch_size, physical_batch_size, num_hosts:
+            see `tfdp.samplers.Sampler`. b·B must not exceed N.
+        bands: int. b >= 1, the strategy's bands and the number of groups.
+            Defaults to 1 (Poisson sampling).
+    """
+
+    name = "banded_poisson"
+
+    def __init__(self, dataset_size, logical_batch_size, physical_batch_size=None, num_hosts=1,
+                 *, bands=1):
+        super().__init__(dataset_size, logical_batch_size, physical_batch_size, num_hosts,
+                         bands=bands)
+
+    def with_hosts(self, num_hosts, physical_batch_size=None):
+        return type(self)(self.dataset_size, self.logical_batch_size,
+                          physical_batch_size or self.physical_batch_size, num_hosts,
+                          bands=self.bands)

@@ -101,7 +101,7 @@ class UserPoissonSampler(poisson.PoissonSampler):
         k = self.max_examples_per_user
         if self.physical_batch_size % k:
             raise ValueError(
-                "For sampler='user_poisson', `physical_batch_size` (rows) must be a multiple "
+                f"For sampler={self.name!r}, `physical_batch_size` (rows) must be a multiple "
                 "of `max_examples_per_user`, so that no user's block straddles two physical "
                 f"batches. Received: physical_batch_size={self.physical_batch_size}, "
                 f"max_examples_per_user={k}"
@@ -140,7 +140,7 @@ class UserPoissonSampler(poisson.PoissonSampler):
         """(examples ordered by user, first position of each user, examples per user)."""
         if self.user_ids is None:
             raise ValueError(
-                "This user_poisson sampler was made for accounting only: it needs the "
+                f"This {self.name} sampler was made for accounting only: it needs the "
                 "user of every example to draw batches. Received: user_ids=None"
             )
         if self._tensors is None:
@@ -161,7 +161,7 @@ class UserPoissonSampler(poisson.PoissonSampler):
         g = self.physical_batch_size if granule is None else int(granule)
         if g % k:
             raise ValueError(
-                "For sampler='user_poisson', the padding granule must be a multiple of "
+                f"For sampler={self.name!r}, the padding granule must be a multiple of "
                 f"`max_examples_per_user`. Received: granule={g}, max_examples_per_user={k}"
             )
         order, starts, counts = self._user_tables()

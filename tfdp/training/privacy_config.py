@@ -44,7 +44,8 @@ class PrivacyConfig:
             (fixed-size batches, each example once per pass, accounted for
             any order without amplification); see `tfdp.samplers`. With
             `bands` > 1, "poisson" means "banded_poisson" (Poisson sampling
-            within b groups of the examples). Defaults to "poisson".
+            within b groups of the examples), or "banded_user_poisson" (of
+            the users) under `privacy_unit="user"`. Defaults to "poisson".
         l2_norm_clip: float. Per-example clipping bound C. Defaults to 1.
         noise_multiplier: float or None. σ (noise std σ·C on the sum). If
             None, calibrated from `target_epsilon`. Defaults to None.
@@ -80,8 +81,10 @@ class PrivacyConfig:
             correlated across b steps, which lowers the noise the model
             accumulates; the examples are split into b secret groups and
             step t samples group t mod b at b times the rate, and ε counts
-            ⌈T/b⌉ rounds. Needs sampler "poisson" (or "banded_poisson"),
-            privacy_unit "example" and b × logical_batch_size <= N; keeps b − 1
+            ⌈T/b⌉ rounds. Under `privacy_unit="user"` the users are split
+            into the b groups. Needs sampler "poisson" (or "banded_poisson")
+            and b × logical_batch_size <= N (users under
+            `privacy_unit="user"`); keeps b − 1
             noise tensors of the size of the trainable variables per replica.
             Defaults to 1 (DP-SGD).
         band_coefficients: str or sequence of floats. The banded strategy's
@@ -149,9 +152,14 @@ class PrivacyConfig:
 
     @property
     def sampler_name(self):
-        """The registered sampler a run draws with: "banded_poisson" for b > 1."""
+        """The registered sampler a run draws with: a banded one for b > 1.
+
+        "banded_poisson", or "banded_user_poisson" under
+        `privacy_unit="user"` (whose b = 1 sampler, "user_poisson", the run
+        plan picks from the privacy unit).
+        """
         if self.private and self.dpsgd_config.bands > 1:
-            return "banded_poisson"
+            return "banded_user_poisson" if self.privacy_unit == "user" else "banded_poisson"
         return self.sampler
 
     def request_for(self, steps):

@@ -8,8 +8,11 @@ from tfdp.training import reporting
 
 
 def user_sampler(train_source, *, users_per_step, physical_batch_size, k, replicas,
-                 pad_granule):
+                 pad_granule, bands=1):
     """The `UserPoissonSampler` of the training data's users, and its padding granule.
+
+    With `bands` > 1, the `BandedUserPoissonSampler`: b secret groups of the
+    users, step t sampling group t mod b.
 
     Args:
         train_source: The training source; it must carry `user_ids`.
@@ -19,6 +22,7 @@ def user_sampler(train_source, *, users_per_step, physical_batch_size, k, replic
         replicas: int. Replicas in sync: each clips its share of a batch,
             so a user's block of k rows must not straddle two.
         pad_granule: int, "auto" or None. As `RunConfig.pad_granule`.
+        bands: int. b >= 1, the groups of users. Defaults to 1.
     """
     if physical_batch_size % (replicas * k):
         raise ValueError(
@@ -39,9 +43,11 @@ def user_sampler(train_source, *, users_per_step, physical_batch_size, k, replic
             "Under privacy_unit='user', logical_batch_size is the expected users per step "
             "and must not exceed the number of users. Received: "
             f"logical_batch_size={users_per_step}, users={num_users}")
+    banded = {"bands": bands} if bands > 1 else {}
     sampler = samplers.make_sampler(
-        "user_poisson", dataset_size=num_users, logical_batch_size=users_per_step,
-        physical_batch_size=physical_batch_size, user_ids=ids, max_examples_per_user=k)
+        "banded_user_poisson" if banded else "user_poisson", dataset_size=num_users,
+        logical_batch_size=users_per_step, physical_batch_size=physical_batch_size,
+        user_ids=ids, max_examples_per_user=k, **banded)
     if pad_granule == "auto":  # The finest of P/8, P/4, P/2, P holding whole users.
         pad_granule = next(g for g in (physical_batch_size // d for d in (8, 4, 2, 1))
                            if physical_batch_size % g == 0 and g % k == 0)
@@ -57,21 +63,29 @@ def log_privacy_unit(mechanism, steps):
         return
     k = sampler.max_examples_per_user
     ledger = mechanism.ledger()
-    claim = privacy.example_level_claim(ledger, k, steps)
     reporting.log(
         f"privacy unit: user (N={sampler.dataset_size} users, expected "
         f"{sampler.logical_batch_size} users per step, at most {k} examples of a user per "
         f"step); planned {ledger.describe_epsilon(steps=steps)}")
+    if ledger.bands > 1:  # No group-privacy comparison holds for banded runs.
+        return
+    claim = privacy.example_level_claim(ledger, k, steps)
     reporting.log(f"for comparison, {privacy.describe_example_level_claim(claim)} "
                   f"({claim['how']})")
 
 
 def privacy_unit_summary(ledger, steps, k):
-    """`summary.json`'s privacy unit, with the group-privacy comparison for users."""
+    """`summary.json`'s privacy unit, with the group-privacy comparison for users.
+
+    The comparison is left out of banded runs (`ledger.bands` > 1), for
+    which group privacy is not established.
+    """
     if ledger is None:
         return None
     unit = {"privacy_unit": ledger.privacy_unit}
     if ledger.privacy_unit == "user":
         unit["max_examples_per_user"] = k
-        unit["example_level_group_privacy"] = privacy.example_level_claim(ledger, k, steps)
+        if ledger.bands == 1:
+            unit["example_level_group_privacy"] = privacy.example_level_claim(
+                ledger, k, steps)
     return unit

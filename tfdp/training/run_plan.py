@@ -36,19 +36,20 @@ def make_batching(train_source, *, sampler, privacy_unit, group_size, logical_ba
                   physical_batch_size, pad_granule, replicas, bands=1):
     """The run's `Batching`: examples by `sampler`, or users under `privacy_unit="user"`.
 
-    `bands` > 1 needs `sampler="banded_poisson"`: b groups of the examples.
+    `bands` > 1 needs `sampler="banded_poisson"`: b groups of the examples;
+    under users, b groups of the users (`privacy_unit.user_sampler`).
     """
-    if bands > 1:
+    if privacy_unit == "user":
+        sampler, pad_granule = privacy_unit_lib.user_sampler(
+            train_source, users_per_step=logical_batch_size,
+            physical_batch_size=physical_batch_size, k=group_size, replicas=replicas,
+            pad_granule=pad_granule, bands=bands)
+    elif bands > 1:
         sampler = samplers.make_sampler(
             sampler, dataset_size=(train_source if isinstance(train_source, int)
                                    else len(train_source)),
             logical_batch_size=logical_batch_size,
             physical_batch_size=physical_batch_size, bands=bands)
-    if privacy_unit == "user":
-        sampler, pad_granule = privacy_unit_lib.user_sampler(
-            train_source, users_per_step=logical_batch_size,
-            physical_batch_size=physical_batch_size, k=group_size, replicas=replicas,
-            pad_granule=pad_granule)
     sampler = train_pipeline.train_sampler(
         train_source, sampler=sampler, physical_batch_size=physical_batch_size,
         logical_batch_size=logical_batch_size)
@@ -270,7 +271,7 @@ def log_run_plan(model, plan, batching, *, dataset, clipping_plan, out_dir):
         coefficients = ", ".join(f"{c:.4f}" for c in mechanism.band_coefficients)
         reporting.log(
             f"banded matrix factorization: bands={mechanism.bands} coefficients=({coefficients}); "
-            f"{mechanism.bands} groups of the examples, each step samples one at "
+            f"{mechanism.bands} groups of the {sampler.privacy_unit}s, each step samples one at "
             f"q={sampler.group_sampling_rate:.5f} within the group; epsilon counts "
             f"{sampler.unit_count(plan.total_steps)} rounds of {plan.total_steps} steps")
     privacy_unit_lib.log_privacy_unit(mechanism, plan.total_steps)
