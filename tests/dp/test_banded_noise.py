@@ -180,6 +180,53 @@ class PrivateTrainStepBandsTest(tf.test.TestCase):
         self.assertLen(keras.models.load_model(path).weights, len(step.model.weights))
 
 
+def _conv_model():
+    # Conv, GroupNorm and Dense: the layer kinds each method clips its own way.
+    keras.utils.set_random_seed(2)
+    return keras.Sequential([
+        keras.Input((8, 8, 1)), keras.layers.Conv2D(4, 3), keras.layers.GroupNormalization(2),
+        keras.layers.Activation("tanh"), keras.layers.Flatten(), keras.layers.Dense(3)])
+
+
+class BandedMethodsAgreeTest(tf.test.TestCase):
+
+    def test_every_clipping_method_gives_the_same_banded_updates(self):
+        # b = 4 over 6 steps, so the ring of b − 1 noise states wraps. Same
+        # key: same batches and noise, so only the clipped sums may differ,
+        # by float rounding. C = 0.1 clips every example.
+        bands, steps, n = 4, 6, 64
+        sampler = samplers.make_sampler("banded_poisson", dataset_size=n,
+                                        logical_batch_size=8, bands=bands)
+        config = dpsgd_config.DPSGDConfig(0.1, 1.0, bands=bands)
+        mechanism = mechanism_lib.DPSGD.from_config(config, sampler=sampler, secret_key=KEY)
+        rng = np.random.RandomState(0)
+        x = rng.randn(n, 8, 8, 1).astype("float32")
+        y = rng.randint(0, 3, n)
+        results = {}
+        for method in ("vectorized", "mixed", "bk", "ghost"):
+            model = _conv_model()
+            step = dp.PrivateTrainStep(model, keras.optimizers.SGD(0.5), _loss,
+                                       mechanism=mechanism, method=method)
+            for t in range(steps):
+                indices, weights = sampler.step_indices(KEY.derive("sampling"),
+                                                        tf.constant(t, tf.int64))
+                safe = np.maximum(indices.numpy(), 0)
+                step.accumulate(x[safe], y[safe], weights.numpy())
+                step.apply()
+            self.assertEqual(int(step.optimizer.iterations.numpy()), steps)
+            results[method] = ([v.numpy() for v in model.trainable_variables],
+                               [v.numpy() for v in step.noise_state])
+        start = [v.numpy() for v in _conv_model().trainable_variables]
+        want_weights, want_state = results["vectorized"]
+        self.assertFalse(all(np.allclose(a, b) for a, b in zip(want_weights, start)))
+        for method in ("mixed", "bk", "ghost"):
+            got_weights, got_state = results[method]
+            for a, b in zip(got_weights, want_weights):
+                self.assertAllClose(a, b, rtol=1e-4, atol=1e-5, msg=method)
+            for a, b in zip(got_state, want_state):
+                self.assertAllClose(a, b, rtol=1e-4, atol=1e-5, msg=method)
+
+
 # The replica check needs 2 logical CPU devices, set before TensorFlow runs its
 # first op: it runs in a child process.
 def _replica_child():
