@@ -119,6 +119,15 @@ class TestAccounting:
         again = privacy.PrivacyLedger.from_json(ledger.to_json())
         assert again.sampler == "banded_user_poisson" and again.epsilon() == ledger.epsilon()
 
+    def test_private_tuning_rebuilds_the_runs_event_from_its_ledger(self):
+        from tfdp.tuning import selection_accounting
+
+        sampler = _sampler(500, 10, 4)
+        ledger = tfdp.DPSGD(1.0, 1.2, sampler=sampler, delta=1e-5).ledger(37)
+        event, relation = selection_accounting.run_event(ledger)
+        assert event == sampler.dp_event(1.2, 37)
+        assert relation == sampler.neighboring_relation
+
     def test_accounting_sampler_keeps_bands_and_hosts(self):
         sampler = _sampler(500, 10, 4)
         assert sampler.with_hosts(2).bands == 4 and sampler.with_hosts(2).user_ids is not None
