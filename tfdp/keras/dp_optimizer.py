@@ -134,8 +134,9 @@ class DPOptimizer(keras.optimizers.Optimizer):
             sit that step out). The `fit` batch size must be a multiple of
             it. Defaults to `None`.
         bands: int. b >= 1: banded matrix-factorization noise over b secret
-            groups of the arrays ("banded_poisson"; docs/PRIVACY.md). Its
-            state is never saved: no resume from a Keras checkpoint.
+            groups of the arrays ("banded_poisson"), or of the users under
+            `privacy_unit="user"` ("banded_user_poisson"; docs/PRIVACY.md).
+            Its state is never saved: no resume from a Keras checkpoint.
             Defaults to `1`: DP-SGD.
         band_coefficients: sequence of b floats or None. The strategy's
             coefficients. Defaults to `None`: the banded square root.
