@@ -146,9 +146,18 @@ def test_a_tree_across_passes_counts_each_example_in_it_m_times():
 def test_optimizer_arguments():
     with pytest.raises(ValueError, match="restart_warmup needs a restart_period"):
         tensorflow_privacy.DPFTRLTreeAggregationOptimizer(1.0, 1.0, None, restart_warmup=2)
-    with pytest.raises(ValueError, match="gradient_accumulation_steps=1 only"):
+    with pytest.raises(ValueError, match="gradient_accumulation_steps must be"):
         tensorflow_privacy.DPFTRLTreeAggregationOptimizer(
-            1.0, 1.0, None, gradient_accumulation_steps=2)
+            1.0, 1.0, None, gradient_accumulation_steps=0)
+    accumulating = tensorflow_privacy.DPFTRLTreeAggregationOptimizer(
+        1.0, 1.1, None, gradient_accumulation_steps=4, learning_rate=0.2)
+    # σ is each tree node's, not scaled by √k: every leaf draws its own nodes.
+    assert accumulating.noise_multiplier == 1.1
+    assert accumulating.tf_privacy_noise_multiplier == 1.1
+    config = accumulating.get_config()
+    assert config["gradient_accumulation_steps"] == 4 and config["noise_multiplier"] == 1.1
+    clone = tensorflow_privacy.DPFTRLTreeAggregationOptimizer.from_config(config)
+    assert (clone.accumulation_steps, clone.noise_multiplier) == (4, 1.1)
     opt = tensorflow_privacy.DPFTRLTreeAggregationOptimizer(
         1.0, 1.1, None, num_microbatches=4, restart_period=8, restart_warmup=3,
         learning_rate=0.2, momentum=0.9)
@@ -229,3 +238,129 @@ def test_fit_on_a_stream_is_refused_before_any_update():
     with pytest.raises(ValueError, match="accounts its trees pass by pass"):
         model.fit(stream, verbose=0)
     assert int(optimizer.iterations.numpy()) == 0
+
+
+# ----------------------------------------------------------------------
+# gradient_accumulation_steps = k: a tree leaf per batch, as TF-Privacy's.
+# ----------------------------------------------------------------------
+
+
+def _released_step_noise(restarts, steps, leaves_per_step, size=1, stddev=1.0):
+    aggregator = noisy_aggregator.NoisyAggregator(
+        noise_stddev=stddev, expected_batch_size=1.0, noise_key=KEY, tree=restarts,
+        leaves_per_step=leaves_per_step)
+    zeros = [tf.Variable(tf.zeros([size]))]
+    step_fn = tf.function(lambda s: aggregator.noisy_mean(zeros, s)[0])
+    return np.stack([step_fn(tf.constant(s, tf.int64)).numpy() for s in range(steps)])
+
+
+@pytest.mark.parametrize("period,warmup", [(None, None), (3, None), (5, 2)])
+def test_a_step_of_k_leaves_releases_the_sum_of_their_increments(period, warmup):
+    # TF-Privacy adds leaf j's increment to batch j and applies the mean of
+    # k batches: step u holds the increments of leaves u·k … u·k + k − 1,
+    # restarts counting leaves (here some steps straddle a restart).
+    restarts = tree_aggregation.TreeRestarts(period, warmup)
+    k, steps = 3, 5
+    per_leaf = _released_noise(restarts, k * steps, size=4)
+    per_step = _released_step_noise(restarts, steps, k, size=4)
+    np.testing.assert_allclose(per_step, per_leaf.reshape(steps, k, 4).sum(axis=1),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_prefix_noise_after_u_steps_of_k_leaves_is_the_tree_at_leaf_u_k():
+    # One tree: the noise in the weights after u updates is cum(u·k), whose
+    # variance is (σC)²·popcount(u·k): each node of σ, no √k.
+    stddev, size, k = 0.5, 20000, 2
+    cumulative = np.cumsum(_released_step_noise(
+        tree_aggregation.TreeRestarts(), 6, k, size=size, stddev=stddev), axis=0)
+    for u in range(1, 7):
+        np.testing.assert_allclose(np.var(cumulative[u - 1]),
+                                   stddev**2 * bin(u * k).count("1"), rtol=0.05)
+    expected = sum(_node(0, span, end, size=size, stddev=stddev)
+                   for span, end in _dyadic_blocks(6 * k))
+    np.testing.assert_allclose(cumulative[-1], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_accumulation_without_noise_is_tf_privacys_update():
+    # TF-Privacy's testLargeBatchEmulationNoNoise: the update after k = 2
+    # batches is the mean of their mean clipped gradients.
+    var0, var1 = tf.Variable([[1.0, 2.0]]), tf.Variable([3.0])
+    x1 = tf.constant([[2.0, 0.0], [0.0, 1.0]])
+    x2 = tf.constant([[4.0, 2.0], [2.0, 1.0]])
+    opt = tensorflow_privacy.DPFTRLTreeAggregationOptimizer(
+        100.0, 0.0, [var0, var1], gradient_accumulation_steps=2, learning_rate=1.0)
+    expected = [([[1.0, 2.0]], [3.0], 0), ([[-1.0, 1.0]], [2.0], 1),
+                ([[-1.0, 1.0]], [2.0], 1), ([[-4.0, -0.5]], [1.0], 2)]
+    for x, (w0, w1, updates) in zip([x1, x2, x2, x2], expected):
+        opt.minimize(lambda: tf.matmul(var0, x, transpose_b=True) + var1, [var0, var1])
+        np.testing.assert_allclose(var0.numpy(), w0, rtol=1e-6)
+        np.testing.assert_allclose(var1.numpy(), w1, rtol=1e-6)
+        assert int(opt.iterations) == updates
+
+
+def test_custom_loop_with_accumulation_applies_the_leaves_prefix_noise():
+    # Zero gradients, k = 2 batches of 4 rows: after 3 updates the weights
+    # moved by -lr · cum(6) / (k · 4), the prefix noise of 6 leaves.
+    var = tf.Variable(tf.zeros([5]))
+    opt = tensorflow_privacy.DPFTRLTreeAggregationOptimizer(
+        1.0, 2.0, [var], gradient_accumulation_steps=2, noise_seed=5, learning_rate=0.5)
+    for _ in range(6):
+        with tf.GradientTape() as tape:
+            loss = 0.0 * tf.reduce_sum(var) * tf.ones([4])
+        opt.minimize(loss, [var], tape=tape)
+    key = opt.mechanism_builder.secret_key.derive("noise")
+    like = [tf.zeros([5])]
+    prefix = sum(noise_lib.gaussian_noise(like, 2.0, tree_noise.node_seed(key, 0, span, end))[0]
+                 for span, end in _dyadic_blocks(6))
+    np.testing.assert_allclose(var.numpy(), -0.5 * prefix.numpy() / 8, rtol=1e-4, atol=1e-6)
+    ledger = opt.ledger(dataset_size=48)
+    assert (ledger.steps, ledger.leaves_per_step, ledger.batch_size) == (3, 2, 8)
+    # 48 examples, batches of 4: a pass is 12 leaves, so the 6 leaves are one
+    # tree within one pass.
+    event = dp_accounting.SingleEpochTreeAggregationDpEvent(2.0, [6])
+    assert ledger.epsilon() == pytest.approx(_rdp_epsilon(event, ledger.delta), rel=1e-9)
+
+
+def test_epsilon_with_accumulation_accounts_the_leaves():
+    # N = 1000, updates of B = 100 made of k = 2 leaves of 50: 10 updates and
+    # 20 leaves a pass; restarts every 10 leaves; 3 passes = 30 updates.
+    ledger = tree_aggregation.TreeAggregationLedger(
+        1.2, delta=1e-5, steps=30, dataset_size=1000, batch_size=100,
+        restarts=tree_aggregation.TreeRestarts(10), leaves_per_step=2)
+    event = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.SingleEpochTreeAggregationDpEvent(1.2, [10, 10]), 3)
+    assert ledger.epsilon() == pytest.approx(_rdp_epsilon(event, 1e-5), rel=1e-9)
+    assert ledger.max_steps_within(ledger.epsilon()) >= 30
+    assert "2 batches a step" in ledger.describe_epsilon()
+    # The same leaves without accumulation: the same ε (more updates, each of one leaf).
+    leaves = tree_aggregation.TreeAggregationLedger(
+        1.2, delta=1e-5, steps=60, dataset_size=1000, batch_size=50,
+        restarts=tree_aggregation.TreeRestarts(10))
+    assert leaves.epsilon() == pytest.approx(ledger.epsilon(), rel=1e-12)
+    with pytest.raises(ValueError, match="leaves_per_step"):
+        tree_aggregation.TreeAggregationLedger(
+            1.2, delta=1e-5, steps=1, dataset_size=10, batch_size=2,
+            restarts=tree_aggregation.TreeRestarts(), leaves_per_step=0)
+
+
+def test_fit_with_accumulation_releases_the_leaves_noise_and_prints_its_epsilon():
+    # 64 examples, fit batches of 16, k = 2: 2 updates, 4 leaves a pass.
+    x, y = digits(64)
+    model = tfdp.make_private(tiny_model())
+    opt = tensorflow_privacy.DPFTRLTreeAggregationOptimizer(
+        1e-9, 1e8, model, gradient_accumulation_steps=2, noise_seed=3, learning_rate=1.0)
+    model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction=None))
+    model.build((None, 8, 8, 1))
+    before = model.model.trainable_variables[-1].numpy()
+    model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    after = model.model.trainable_variables[-1].numpy()
+    assert int(opt.iterations) == 2
+    key = opt.mechanism_builder.secret_key.derive("noise")
+    like = [tf.zeros(v.shape) for v in model.model.trainable_variables]
+    prefix = noise_lib.gaussian_noise(like, 1e-9 * 1e8, tree_noise.node_seed(key, 0, 4, 4))[-1]
+    np.testing.assert_allclose(after - before, -prefix.numpy() / 32, rtol=1e-4, atol=1e-6)
+    ledger = opt.ledger()
+    assert (ledger.steps, ledger.leaves_per_step) == (2, 2)
+    event = dp_accounting.SingleEpochTreeAggregationDpEvent(1e8, [4])
+    assert ledger.epsilon() == pytest.approx(_rdp_epsilon(event, ledger.delta), rel=1e-9)

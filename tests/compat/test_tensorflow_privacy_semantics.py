@@ -179,6 +179,68 @@ def test_custom_loop_trains_a_model_in_a_tf_function():
         optimizer.get_gradients(None, model.trainable_variables)
 
 
+@pytest.mark.parametrize("cls", [tensorflow_privacy.DPKerasSGDOptimizer,
+                                 tensorflow_privacy.VectorizedDPKerasAdamOptimizer])
+def test_apply_without_dp_gradients_raises_an_assertion_and_runtime_error(cls):
+    # TF-Privacy's tests expect an AssertionError; tfdp's refusal is a RuntimeError.
+    var = tf.Variable([0.0])
+    optimizer = cls(l2_norm_clip=100.0, noise_multiplier=0.0, num_microbatches=1,
+                    learning_rate=2.0)
+    for call in (lambda: optimizer.apply_gradients(var),
+                 lambda: optimizer.apply_gradients([(tf.ones([1]), var)]),
+                 lambda: optimizer.apply([tf.ones([1])], [var])):
+        with pytest.raises(AssertionError, match="make_private"):
+            call()
+        with pytest.raises(RuntimeError, match="make_private"):
+            call()
+    assert issubclass(tensorflow_privacy.PlainGradientsError, (RuntimeError, AssertionError))
+    assert float(var[0]) == 0.0 and int(optimizer.iterations) == 0
+
+
+def test_apply_gradients_applies_the_released_gradients_once():
+    var0, var1, loss = _two_variables()
+    optimizer = tensorflow_privacy.DPKerasSGDOptimizer(
+        l2_norm_clip=100.0, noise_multiplier=1.0, num_microbatches=2, learning_rate=2.0)
+    grads_and_vars = optimizer._compute_gradients(loss, [var0, var1])
+    assert int(optimizer.iterations) == 1
+    # Gradients derived from the released ones are not the released ones.
+    with pytest.raises(tensorflow_privacy.PlainGradientsError):
+        optimizer.apply_gradients([(2.0 * g, v) for g, v in grads_and_vars])
+    grads_and_vars = optimizer._compute_gradients(loss, [var0, var1])
+    noisy = [g.numpy() for g, _ in grads_and_vars]
+    before = [var0.numpy(), var1.numpy()]
+    optimizer.apply_gradients(grads_and_vars)
+    for b, g, v in zip(before, noisy, (var0, var1)):
+        np.testing.assert_allclose(v.numpy(), b - 2.0 * g, rtol=1e-6)
+    # Two releases, each counted once (and each seeding its own noise).
+    assert int(optimizer.iterations) == 2
+    assert optimizer.ledger(dataset_size=40).steps == 2
+    with pytest.raises(tensorflow_privacy.PlainGradientsError):
+        optimizer.apply_gradients(grads_and_vars)  # Once only.
+    np.testing.assert_allclose(var0.numpy(), before[0] - 2.0 * noisy[0], rtol=1e-6)
+
+
+def test_released_gradients_apply_in_a_tf_function_with_adams_step_count():
+    var = tf.Variable([1.0, 2.0])
+    optimizer = tensorflow_privacy.DPKerasAdamOptimizer(
+        l2_norm_clip=100.0, noise_multiplier=0.0, learning_rate=0.1)
+    plain = keras.optimizers.Adam(learning_rate=0.1)
+    twin = tf.Variable([1.0, 2.0])
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(var * var) * tf.ones([2])
+        optimizer.apply_gradients(optimizer._compute_gradients(loss, [var], tape=tape))
+
+    for _ in range(3):
+        step()
+        plain.apply_gradients([(2.0 * twin, twin)])
+    # Adam sees steps 1, 2, 3, as without DP: the release is counted once.
+    np.testing.assert_allclose(var.numpy(), twin.numpy(), rtol=1e-5)
+    assert int(optimizer.iterations) == 3
+
+
 @pytest.mark.parametrize("to_zero", [False, True])
 def test_unconnected_gradients(to_zero):
     used, unused = tf.Variable([1.0]), tf.Variable([2.0])

@@ -20,7 +20,9 @@ row t of C⁻¹Z, with z_t that same draw. The caller keeps the last b − 1 w's
 With tree aggregation (DP-FTRL, `tree=` a
 `tfdp.privacy.tree_aggregation.TreeRestarts`) the noise of step t is the
 increment of its tree's noisy prefix sum (`tfdp.dp.tree_noise`), drawn from
-the same key by tree node, with no state.
+the same key by tree node, with no state; with `leaves_per_step=k` a step
+holds k leaves of the tree (one per accumulated batch) and releases the sum
+of their increments.
 """
 
 import tensorflow as tf
@@ -49,10 +51,14 @@ class NoisyAggregator:
             tree aggregation with these restarts: the noise of a step is the
             increment of its tree's noisy prefix sum, each node N(0, (σC)²).
             Defaults to `None`: independent noise each step.
+        leaves_per_step: int. With `tree`, the tree leaves of one logical
+            step (its accumulated batches): step u releases the increments
+            of leaves u·k … u·k + k − 1, and the restarts count leaves.
+            Defaults to `1`.
     """
 
     def __init__(self, *, noise_stddev, expected_batch_size, noise_key, coefficients=(1.0,),
-                 tree=None):
+                 tree=None, leaves_per_step=1):
         if not noise_stddev >= 0:
             raise ValueError(f"noise_stddev must be >= 0. Received: noise_stddev={noise_stddev}")
         if not expected_batch_size > 0:
@@ -70,18 +76,25 @@ class NoisyAggregator:
             raise ValueError(
                 "Tree aggregation and a banded strategy are two ways to correlate the "
                 f"noise; choose one. Received: tree={tree!r}, coefficients={coefficients!r}")
+        if (isinstance(leaves_per_step, bool) or not isinstance(leaves_per_step, int)
+                or leaves_per_step < 1 or (tree is None and leaves_per_step != 1)):
+            raise ValueError(
+                "leaves_per_step must be an int >= 1, and 1 without a tree. Received: "
+                f"leaves_per_step={leaves_per_step!r}, tree={tree!r}")
         self.tree = tree
+        self.leaves_per_step = leaves_per_step
         # A graph constant, never a variable: nothing that saves the model or
         # the optimizer may hold the key.
         self._noise_key = tf.constant(noise_key, tf.int64)
 
     @classmethod
-    def for_mechanism(cls, mechanism, tree=None):
+    def for_mechanism(cls, mechanism, tree=None, leaves_per_step=1):
         """The aggregator of a `tfdp.DPSGD` contract: its σ·C, divisor and noise key.
 
         Args:
             mechanism: `tfdp.DPSGD`.
             tree: `TreeRestarts` or None, as the constructor's. Defaults to `None`.
+            leaves_per_step: int, as the constructor's. Defaults to `1`.
         """
         return cls(
             noise_stddev=mechanism.noise_stddev,
@@ -89,6 +102,7 @@ class NoisyAggregator:
             noise_key=mechanism.secret_key.derive("noise"),
             coefficients=mechanism.band_coefficients,
             tree=tree,
+            leaves_per_step=leaves_per_step,
         )
 
     @property
@@ -175,8 +189,9 @@ class NoisyAggregator:
         if self.noise_stddev > 0 and self.correlated:
             return self._banded_noisy_mean(sums, step, num_replicas, noise_state)
         if self.noise_stddev > 0 and self.tree is not None:
-            noise = tree_noise.residual_noise(
-                sums, self.noise_stddev / float(num_replicas), self._noise_key, step, self.tree)
+            noise = tree_noise.step_noise(
+                sums, self.noise_stddev / float(num_replicas), self._noise_key, step, self.tree,
+                self.leaves_per_step)
             return [(s + tf.cast(n, s.dtype)) / self.expected_batch_size
                     for s, n in zip(sums, noise)]
         if self.noise_stddev > 0:

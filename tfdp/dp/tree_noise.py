@@ -13,6 +13,11 @@ but the block of length 2^k ending at n, which replaces the k blocks of
 [n − 2^k, n − 1). So a step draws 1 + k node noises, 2 on average, and
 Σ of the released noises of a tree is exactly its noisy prefix sum's.
 
+With several leaves per step (TF-Privacy's DP-FTRL with
+`gradient_accumulation_steps=k`, one leaf per accumulated batch) step u
+releases the sum of the increments of leaves u·k … u·k + k − 1: within one
+tree, cum(u·k + k) − cum(u·k).
+
 Each node's noise is drawn from the secret noise key by (tree, level, end):
 no node noise is stored, a restarted or resumed run draws the same nodes
 again, and every replica that asks draws the same tensors.
@@ -78,4 +83,37 @@ def residual_noise(like, stddev, noise_key, step, restarts):
 
     _, noise = tf.while_loop(
         lambda span, noise: span < lowest, body, (tf.constant(1, tf.int64), top))
+    return noise
+
+
+def step_noise(like, stddev, noise_key, step, restarts, leaves_per_step=1):
+    """The tree noise of a step of `leaves_per_step` leaves: Σ of their `residual_noise`.
+
+    Leaf `step · leaves_per_step + j`, j < `leaves_per_step`, is the j-th
+    batch of the step, and the restarts count leaves. Summed leaf by leaf, a
+    step across a restart leaves the finished tree's noise in it, as k
+    separate steps would.
+
+    Args:
+        like: list of float tensors. The shapes and dtypes of the noise.
+        stddev: float. σC of each node.
+        noise_key: int64 `[2]`. The run's secret noise sub-key.
+        step: int scalar (tensor). The 0-based logical step.
+        restarts: `tfdp.privacy.tree_aggregation.TreeRestarts`, in leaves.
+        leaves_per_step: int. k >= 1. Defaults to `1`.
+
+    Returns:
+        A list of tensors like `like`.
+    """
+    k = int(leaves_per_step)
+    first = tf.cast(step, tf.int64) * k
+    if k == 1:
+        return residual_noise(like, stddev, noise_key, first, restarts)
+
+    def body(j, total):
+        noise = residual_noise(like, stddev, noise_key, first + j, restarts)
+        return j + 1, [t + tf.cast(n, t.dtype) for t, n in zip(total, noise)]
+
+    zeros = [tf.zeros_like(x) for x in like]
+    _, noise = tf.while_loop(lambda j, total: j < k, body, (tf.constant(0, tf.int64), zeros))
     return noise

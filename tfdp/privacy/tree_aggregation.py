@@ -22,6 +22,12 @@ shuffle sampler's, each example in at most one step of a pass.
   C·√(m²·d). That tree is accounted as a Gaussian mechanism of noise
   multiplier σ / (m·√d); the trees are composed.
 
+With k leaves per step (TF-Privacy's `gradient_accumulation_steps=k`: a
+leaf per accumulated batch of B / k examples, an update per k leaves) the
+tree is over the leaves: the updates release the noisy prefix sums at every
+k-th leaf, a part of what the leaves' tree releases, so the leaves' tree
+is accounted, with its restarts in leaves and k · (N // B) leaves a pass.
+
 Imports no TensorFlow.
 """
 
@@ -182,6 +188,9 @@ class TreeAggregationLedger:
         sensitivity: float. 1, or 2 for microbatches of several examples
             (σ / 2 is accounted). Defaults to `1`.
         l2_norm_clip: float or None. C, recorded. Defaults to `None`.
+        leaves_per_step: int. k: tree leaves (accumulated batches of B / k
+            examples) per step; `steps` and `batch_size` are the updates'
+            and the restarts count leaves. Defaults to `1`.
     """
 
     sampler = "shuffle"
@@ -192,7 +201,7 @@ class TreeAggregationLedger:
     bands = 1
 
     def __init__(self, noise_multiplier, *, delta, steps, dataset_size, batch_size, restarts,
-                 sensitivity=1, l2_norm_clip=None):
+                 sensitivity=1, l2_norm_clip=None, leaves_per_step=1):
         self.noise_multiplier = validation.validate_noise_multiplier(noise_multiplier)
         self.delta = validation.validate_delta(delta)
         self.steps = validation.validate_steps(steps)
@@ -205,6 +214,12 @@ class TreeAggregationLedger:
         self.restarts = restarts
         self.sensitivity = sensitivity
         self.l2_norm_clip = l2_norm_clip
+        if (isinstance(leaves_per_step, bool) or not isinstance(leaves_per_step, int)
+                or leaves_per_step < 1):
+            raise ValueError(
+                "leaves_per_step must be an int >= 1. "
+                f"Received: leaves_per_step={leaves_per_step!r}")
+        self.leaves_per_step = leaves_per_step
 
     @property
     def steps_per_epoch(self):
@@ -221,13 +236,15 @@ class TreeAggregationLedger:
     def dp_event(self, steps=None):
         """The run's `DpEvent` (zero-out), at the effective noise multiplier."""
         steps = self.steps if steps is None else steps
-        return tree_dp_event(self.effective_noise_multiplier, steps, self.steps_per_epoch,
-                             self.restarts)
+        k = self.leaves_per_step
+        return tree_dp_event(self.effective_noise_multiplier, steps * k,
+                             self.steps_per_epoch * k, self.restarts)
 
     def epsilon_after(self, steps, noise_multiplier=None):
         sigma = self.effective_noise_multiplier if noise_multiplier is None else noise_multiplier
-        return tree_epsilon(sigma, validation.validate_steps(steps), self.delta,
-                            self.steps_per_epoch, self.restarts)
+        k = self.leaves_per_step
+        return tree_epsilon(sigma, validation.validate_steps(steps) * k, self.delta,
+                            self.steps_per_epoch * k, self.restarts)
 
     def epsilon(self):
         return self.epsilon_after(self.steps)
@@ -259,8 +276,11 @@ class TreeAggregationLedger:
                 + ("" if brief else f": {self.adjacency_description}"))
         if not brief:
             period = self.restarts.restart_period
+            unit = "steps" if self.leaves_per_step == 1 else "batches"
             text += ("; DP-FTRL tree aggregation, " +
-                     ("one tree" if period is None else f"restarts every {period} steps"))
+                     ("one tree" if period is None else f"restarts every {period} {unit}"))
+            if self.leaves_per_step > 1:
+                text += f", a leaf per batch, {self.leaves_per_step} batches a step"
         if self.sensitivity != 1:
             text += (f"; sensitivity {self.sensitivity:g}C, so noise multiplier "
                      f"{self.noise_multiplier:g} counts as {self.effective_noise_multiplier:g}")
@@ -271,4 +291,4 @@ class TreeAggregationLedger:
         return (f"TreeAggregationLedger(noise_multiplier={self.noise_multiplier}, "
                 f"delta={self.delta}, steps={self.steps}, dataset_size={self.dataset_size}, "
                 f"batch_size={self.batch_size}, restarts={self.restarts!r}, "
-                f"sensitivity={self.sensitivity})")
+                f"sensitivity={self.sensitivity}, leaves_per_step={self.leaves_per_step})")

@@ -18,8 +18,12 @@ and accounting are tfdp's:
   events; compiled or in a custom loop like the others.
 - `DPModel`, `DPSequential`: models that clip and noise themselves; compile
   them with a plain optimizer.
+- `PlainGradientsError`: what an optimizer raises when asked to apply
+  gradients it did not noise (a `RuntimeError` and, as TF-Privacy's, an
+  `AssertionError`).
 - `compute_dp_sgd_privacy_statement`, `compute_dp_sgd_privacy`,
-  `AccountantType`: the same RDP or PLD figures as TF-Privacy. The statement is a `str` with the two epsilons
+  `AccountantType`, `example_epsilon`, `user_epsilon`: the same RDP or PLD
+  figures as TF-Privacy. The statement is a `str` with the two epsilons
   also as attributes (`.epsilon_once_per_epoch`, `.epsilon_poisson`).
   They import no TensorFlow.
 
@@ -45,13 +49,27 @@ _MODULES = {
     "VectorizedDPKerasSGDOptimizer": "dp_keras_optimizer",
     "make_keras_optimizer_class": "dp_keras_optimizer",
     "make_vectorized_keras_optimizer_class": "dp_keras_optimizer",
+    "PlainGradientsError": "dp_keras_optimizer",
     "PrivacyStatement": "privacy_statement",
     "compute_dp_sgd_privacy": "privacy_statement",
     "compute_dp_sgd_privacy_statement": "privacy_statement",
+    "example_epsilon": "privacy_statement",
+    "user_epsilon": "privacy_statement",
+}
+
+# TF-Privacy's own tests call helpers of its privacy statement by their
+# private names; they are served by public functions of the same meaning.
+_TF_PRIVACY_HELPERS = {
+    "_compute_dp_sgd_example_privacy": ("privacy_statement", "example_epsilon"),
+    "_compute_dp_sgd_user_privacy": ("privacy_statement", "user_epsilon"),
+    "_logexpm1": ("privacy_statement", "logexpm1"),
 }
 
 
 def __getattr__(name):
+    if name in _TF_PRIVACY_HELPERS:
+        module, public = _TF_PRIVACY_HELPERS[name]
+        return getattr(importlib.import_module(f"{__name__}.{module}"), public)
     if name in _MODULES:
         module = importlib.import_module(f"{__name__}.{_MODULES[name]}")
         return getattr(module, name)
@@ -71,12 +89,15 @@ __all__ = [
     "DPKerasSGDOptimizer",
     "DPModel",
     "DPSequential",
+    "PlainGradientsError",
     "PrivacyStatement",
     "VectorizedDPKerasAdagradOptimizer",
     "VectorizedDPKerasAdamOptimizer",
     "VectorizedDPKerasSGDOptimizer",
     "compute_dp_sgd_privacy",
     "compute_dp_sgd_privacy_statement",
+    "example_epsilon",
     "make_keras_optimizer_class",
     "make_vectorized_keras_optimizer_class",
+    "user_epsilon",
 ]

@@ -16,7 +16,8 @@ noised once with std σ·C and divided by the number of microbatches.
 
 Privacy: the noise is the optimizer's (its secret key, one seed per noised
 release, never reused), and every release is counted in `iterations`, so
-`optimizer.ledger(dataset_size=N)` accounts it. The batches of a custom loop
+`optimizer.ledger(dataset_size=N)` accounts it. `apply_gradients` applies
+only the very gradients `_compute_gradients` last returned, once. The batches of a custom loop
 are the user's, so they are accounted as fit's stream batches
 (`sampler="shuffle"`, one Gaussian mechanism per pass of N // B steps,
 without amplification): that holds when each example sits at most once in
@@ -154,7 +155,53 @@ def noisy_gradients(optimizer, loss, var_list, tape):
     with tf.control_dependencies(noisy):
         optimizer.iterations.assign_add(1)
         optimizer.account.record_release()
+    # A tuple, not a list: Keras would track a list attribute.
+    optimizer.released_gradients = tuple(noisy)
     return list(zip(noisy, var_list))
+
+
+def take_released(optimizer, grads_and_vars):
+    """`(grads, variables)` when `grads_and_vars` holds the last released gradients, else None.
+
+    The very tensors `noisy_gradients` returned, in order, and not applied
+    yet: anything else (Keras' plain gradients, or gradients computed from
+    the released ones) is not theirs to apply. Either way they are
+    forgotten, so they are applied at most once.
+    """
+    released = optimizer.released_gradients
+    optimizer.released_gradients = None
+    if released is None:
+        return None
+    try:
+        pairs = [tuple(pair) for pair in grads_and_vars]
+    except TypeError:
+        return None
+    if (len(pairs) != len(released) or any(len(pair) != 2 for pair in pairs)
+            or any(grad is not mine for (grad, _), mine in zip(pairs, released))):
+        return None
+    return [grad for grad, _ in pairs], [var for _, var in pairs]
+
+
+def apply_released(optimizer, grads, variables):
+    """Applies released gradients through the wrapped optimizer, counted once.
+
+    `iterations` counted the release when it was returned (it also seeds the
+    next noise); the wrapped optimizer's `apply` counts it again, so the
+    count is taken back first, and restored if the update fails before it
+    counts, so that no seed is ever used twice.
+    """
+    for grad, var in zip(grads, variables):
+        if not grad.shape.is_compatible_with(var.shape):
+            raise ValueError(
+                "A released gradient must be applied to its variable. Received: a "
+                f"gradient of shape {grad.shape} for variable {var.name} of shape {var.shape}")
+    released = tf.identity(tf.convert_to_tensor(optimizer.iterations))
+    optimizer.iterations.assign_sub(1)
+    try:
+        optimizer.inner_optimizer.apply(grads, variables)
+    except Exception:
+        optimizer.iterations.assign(tf.maximum(optimizer.iterations, released))
+        raise
 
 
 def minimize(optimizer, loss, var_list, tape):

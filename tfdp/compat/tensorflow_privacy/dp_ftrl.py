@@ -12,6 +12,13 @@ Here the increment is the engine's (`tfdp.dp.tree_noise`, through the
 aggregator's `tree=` option), each node drawn from the secret key, and the
 ledger is dp_accounting's tree-aggregation event
 (`tfdp.privacy.tree_aggregation`), not the shuffle sampler's DP-SGD bound.
+
+With `gradient_accumulation_steps=k`, TF-Privacy's query releases a noisy
+increment at every batch (a tree leaf, its restarts counting batches) and
+the optimizer applies the mean of k of them. Here the update after k
+batches adds the sum of those k leaves' increments once (σ is each node's,
+not scaled by √k) to the sum of the k clipped sums, divided by k times the
+microbatches: the same update; the ledger accounts the leaves' tree.
 """
 
 import keras
@@ -35,12 +42,16 @@ class DPFTRLTreeAggregationOptimizer(dp_keras_optimizer.DPKerasOptimizer):
       sum plus cum(t + 1) − cum(t), cum(n) the sum of the nodes covering the
       first n steps, divided by the microbatches (the batch size without
       `num_microbatches`). A restart starts a new tree: the noise of the
-      finished tree stays in the weights, as in TF-Privacy.
-    - Restarts: after step `restart_warmup`, then every `restart_period`
-      steps (TF-Privacy's `PeriodicRoundRestartIndicator`). The paper
-      restarts once per epoch: `restart_period=steps_per_epoch`.
+      finished tree stays in the weights, as in TF-Privacy. With
+      `gradient_accumulation_steps=k` the leaves are the batches: an update
+      releases the k batches' clipped sums plus their k increments, divided
+      by k times the microbatches (TF-Privacy's mean of k noisy batches).
+    - Restarts: after leaf `restart_warmup`, then every `restart_period`
+      leaves (TF-Privacy's `PeriodicRoundRestartIndicator`, which counts
+      batches). The paper restarts once per epoch:
+      `restart_period=batches_per_epoch`.
     - Accounting (`ledger()`, `describe_epsilon()`): fixed-size batches, each
-      example in one step per pass, under zero-out adjacency, with
+      example in one batch (leaf) per pass, under zero-out adjacency, with
       dp_accounting's `SingleEpochTreeAggregationDpEvent` pass by pass when
       every tree lies within a pass; a tree across m passes (no restarts, or
       a period longer than a pass) is accounted as a Gaussian of noise
@@ -56,10 +67,13 @@ class DPFTRLTreeAggregationOptimizer(dp_keras_optimizer.DPKerasOptimizer):
             model the optimizer is built for, so it is only kept. Defaults
             to `None`.
         num_microbatches: int or None. As `DPKerasSGDOptimizer`'s.
-        gradient_accumulation_steps: int. Must be 1 (TF-Privacy advances its
-            tree at each accumulated batch, a noise tfdp does not draw).
-        restart_period: int or None. Steps per tree; None: one tree.
-        restart_warmup: int or None. Steps of the first tree, in
+        gradient_accumulation_steps: int. k >= 1: batches per update. Each
+            batch is a leaf of the tree, as in TF-Privacy: the update adds
+            the k leaves' noise increments to the k batches' clipped sums
+            and divides by k times the microbatches. Defaults to `1`.
+        restart_period: int or None. Leaves (batches) per tree; None: one
+            tree.
+        restart_warmup: int or None. Leaves of the first tree, in
             [1, restart_period − 1]; needs `restart_period`.
         noise_seed: int or None. INSECURE: a public seed of the run's key,
             as `tfdp.DPOptimizer(insecure_reproducible_seed=...)` (it
@@ -72,17 +86,12 @@ class DPFTRLTreeAggregationOptimizer(dp_keras_optimizer.DPKerasOptimizer):
                  restart_warmup=None, noise_seed=None, *args,
                  unconnected_gradients_to_zero=False, **kwargs):
         restarts = tree_aggregation.TreeRestarts(restart_period, restart_warmup)
-        if gradient_accumulation_steps not in (1, None):  # None: SGD's config.
-            raise ValueError(
-                "DPFTRLTreeAggregationOptimizer takes gradient_accumulation_steps=1 only: "
-                "TF-Privacy adds a tree leaf's noise at each of the k batches and applies "
-                "their mean, a noise tfdp's one release per update does not draw. Use a "
-                "larger batch_size (DPModel / make_private fit batches may be split with "
-                "tfdp.DPOptimizer's own accumulation). Received: "
-                f"gradient_accumulation_steps={gradient_accumulation_steps!r}")
+        if gradient_accumulation_steps is None:  # SGD's own config key.
+            gradient_accumulation_steps = 1
         super().__init__(
             keras.optimizers.SGD(*args, **kwargs), l2_norm_clip, noise_multiplier,
-            num_microbatches=num_microbatches, gradient_accumulation_steps=1,
+            num_microbatches=num_microbatches,
+            gradient_accumulation_steps=gradient_accumulation_steps,
             unconnected_gradients_to_zero=unconnected_gradients_to_zero,
             name=kwargs.get("name"))
         self.restarts = restarts
@@ -92,7 +101,13 @@ class DPFTRLTreeAggregationOptimizer(dp_keras_optimizer.DPKerasOptimizer):
             # TF-Privacy's seed is public; so is the key derived from it.
             self.mechanism_builder.secret_key = secret_key_lib.SecretKey.resolve(
                 insecure_seed=noise_seed)
-        self.mechanism_builder.set_aggregator_options(tree=restarts)
+        self.mechanism_builder.set_aggregator_options(
+            tree=restarts, leaves_per_step=self.accumulation_steps)
+
+    @staticmethod
+    def accumulation_noise_scale(k):
+        """1: each of the k leaves of an update draws its own nodes of σ (no √k)."""
+        return 1.0
 
     restart_period = property(lambda self: self.restarts.restart_period)
     restart_warmup = property(lambda self: self.restarts.restart_warmup)
@@ -120,7 +135,9 @@ class DPFTRLTreeAggregationOptimizer(dp_keras_optimizer.DPKerasOptimizer):
         """The run's `tfdp.privacy.tree_aggregation.TreeAggregationLedger`.
 
         N, B and δ are those the DP-SGD optimizers account (the plan's, or
-        `dataset_size` and `delta`); `steps` defaults to the accounted steps.
+        `dataset_size` and `delta`); `steps` (updates) defaults to the
+        accounted steps. With `gradient_accumulation_steps=k` the tree is
+        over the k · steps leaves (batches), k · (N // B) a pass.
         """
         mech = self.accounting_mechanism(dataset_size, delta)
         sampler = mech.sampler
@@ -130,7 +147,7 @@ class DPFTRLTreeAggregationOptimizer(dp_keras_optimizer.DPKerasOptimizer):
             mech.noise_multiplier, delta=mech.delta, steps=steps,
             dataset_size=sampler.dataset_size, batch_size=sampler.logical_batch_size,
             restarts=self.restarts, sensitivity=self.sensitivity,
-            l2_norm_clip=self.l2_norm_clip)
+            l2_norm_clip=self.l2_norm_clip, leaves_per_step=self.accumulation_steps)
 
     def get_config(self):
         config = self.inner_optimizer.get_config()
@@ -138,7 +155,7 @@ class DPFTRLTreeAggregationOptimizer(dp_keras_optimizer.DPKerasOptimizer):
             l2_norm_clip=self.l2_norm_clip,
             noise_multiplier=self.tf_privacy_noise_multiplier,
             num_microbatches=self.num_microbatches,
-            gradient_accumulation_steps=1,
+            gradient_accumulation_steps=self.accumulation_steps,
             restart_period=self.restart_period,
             restart_warmup=self.restart_warmup,
             unconnected_gradients_to_zero=self.unconnected_gradients_to_zero,

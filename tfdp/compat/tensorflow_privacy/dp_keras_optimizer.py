@@ -45,6 +45,19 @@ _PLAIN_MODEL = (
 )
 
 
+class PlainGradientsError(RuntimeError, AssertionError):
+    """Raised when a TF-Privacy optimizer is asked to apply gradients it did not noise.
+
+    `apply_gradients` and `apply` take only the noised gradients that
+    `_compute_gradients` has just returned (once); anything else could be
+    plain gradients and is refused before any update. It is a
+    `RuntimeError`, tfdp's error for an operation that cannot be made
+    private, and an `AssertionError`, the error TF-Privacy's optimizers
+    raise when `apply_gradients` is called without their DP gradients, so
+    code written for either catches it.
+    """
+
+
 def validate_arguments(l2_norm_clip, noise_multiplier, num_microbatches=None,
                        gradient_accumulation_steps=1):
     """TF-Privacy's arguments as a privacy request, or a ValueError naming the first invalid one.
@@ -150,7 +163,7 @@ class DPKerasOptimizer(DPOptimizer):
         super().__init__(
             optimizer,
             l2_norm_clip,
-            float(noise_multiplier) * math.sqrt(k),
+            float(noise_multiplier) * self.accumulation_noise_scale(k),
             gradient_accumulation_steps=k,
             sampler="shuffle",
             name=name,
@@ -162,11 +175,22 @@ class DPKerasOptimizer(DPOptimizer):
         self.unconnected_gradients_to_zero = bool(unconnected_gradients_to_zero)
         # The batch size of a custom loop, fixed by its first call.
         self.custom_loop_rows = None
+        # The noised gradients `_compute_gradients` last returned, until applied.
+        self.released_gradients = None
+
+    @staticmethod
+    def accumulation_noise_scale(k):
+        """√k: the one noise of an update of k batches stands for TF-Privacy's k noises.
+
+        A subclass whose update releases noise of another structure (DP-FTRL's
+        tree leaves) overrides it.
+        """
+        return math.sqrt(k)
 
     @property
     def tf_privacy_noise_multiplier(self):
         """TF-Privacy's σ of each of the k accumulated batches (σ of the ledger / √k)."""
-        return self.noise_multiplier / math.sqrt(self.accumulation_steps)
+        return self.noise_multiplier / self.accumulation_noise_scale(self.accumulation_steps)
 
     # TF-Privacy's own attribute names, read by some user code; they read
     # the mechanism, as every other figure does.
@@ -179,11 +203,28 @@ class DPKerasOptimizer(DPOptimizer):
     # ------------------------------------------------------------------
 
     def apply_gradients(self, grads_and_vars):
-        """Raises: the gradients of a reduced loss cannot be made private."""
-        raise RuntimeError(_PLAIN_MODEL)
+        """Applies the noised gradients `_compute_gradients` just returned; refuses others.
+
+        As TF-Privacy's: `grads_and_vars = optimizer._compute_gradients(...)`
+        then `optimizer.apply_gradients(grads_and_vars)` applies them through
+        the wrapped optimizer, once. Any other gradients (those of Keras' own
+        `train_step` for a plain model, or modified ones) could be plain
+        gradients and raise `PlainGradientsError` before any update.
+
+        Args:
+            grads_and_vars: list of `(gradient, variable)`: the very list of
+                tensors `_compute_gradients` returned.
+        """
+        released = custom_loop.take_released(self, grads_and_vars)
+        if released is None:
+            raise PlainGradientsError(_PLAIN_MODEL)
+        custom_loop.apply_released(self, *released)
 
     def apply(self, grads, trainable_variables=None):
-        raise RuntimeError(_PLAIN_MODEL)
+        """`apply_gradients(zip(grads, trainable_variables))`, with the same refusal."""
+        if trainable_variables is None:
+            raise PlainGradientsError(_PLAIN_MODEL)
+        self.apply_gradients(list(zip(grads, trainable_variables)))
 
     # ------------------------------------------------------------------
     # Layer weight regularizers, as TF-Privacy's DP models apply them.
@@ -239,10 +280,9 @@ class DPKerasOptimizer(DPOptimizer):
 
         The clipped microbatch gradients are summed, noised once (σ·C) and
         divided by the number of microbatches. Returning them releases them:
-        the release is counted in `iterations` (so in the ledger) here. To
-        train, call `minimize`, which applies them through the wrapped
-        optimizer; `apply_gradients` refuses gradients, as it does for a plain
-        model.
+        the release is counted in `iterations` (so in the ledger) here.
+        `apply_gradients` then applies exactly these tensors, once, through
+        the wrapped optimizer (as TF-Privacy's); `minimize` does both.
 
         Args:
             loss: tensor or callable, as `minimize`.

@@ -121,6 +121,63 @@ def _user_epsilon(num_epochs, noise_multiplier, delta, max_examples_per_user,
     )
 
 
+def example_epsilon(num_epochs, noise_multiplier, example_delta, used_microbatching=True,
+                    poisson_subsampling_probability=None, accountant_type=AccountantType.RDP):
+    """Example-level ε of the statement, add-or-remove-one.
+
+    TF-Privacy's `_compute_dp_sgd_example_privacy` (the package also offers
+    it under that name, which TF-Privacy's tests call).
+
+    Args:
+        num_epochs: float. Passes over the data, > 0.
+        noise_multiplier: float. σ >= 0.
+        example_delta: float. δ in [0, 1].
+        used_microbatching: bool. Halves σ (sensitivity 2C). Defaults to `True`.
+        poisson_subsampling_probability: float or None. q of Poisson
+            sampling, or None: each example once per epoch. Defaults to `None`.
+        accountant_type: `AccountantType` or 'RDP' / 'PLD'. Defaults to RDP.
+
+    Returns:
+        float ε.
+    """
+    return _example_epsilon(num_epochs, noise_multiplier, example_delta, used_microbatching,
+                            poisson_subsampling_probability, _accountant(accountant_type))
+
+
+def user_epsilon(num_epochs, noise_multiplier, user_delta, max_examples_per_user,
+                 used_microbatching=True, poisson_subsampling_probability=None,
+                 accountant_type=AccountantType.RDP):
+    """User-level ε of the statement, by group privacy, add-or-remove-one-user.
+
+    TF-Privacy's `_compute_dp_sgd_user_privacy` (the package also offers it
+    under that name, which TF-Privacy's tests call).
+
+    Args:
+        num_epochs: float. Passes over the data, > 0.
+        noise_multiplier: float. σ >= 0.
+        user_delta: float. δ in [0, 1].
+        max_examples_per_user: int. k >= 1.
+        used_microbatching: bool. Halves σ (sensitivity 2C). Defaults to `True`.
+        poisson_subsampling_probability: float or None. As `example_epsilon`.
+        accountant_type: `AccountantType` or 'RDP' / 'PLD'. Defaults to RDP.
+
+    Returns:
+        float ε.
+    """
+    return _user_epsilon(num_epochs, noise_multiplier, user_delta, max_examples_per_user,
+                         used_microbatching, poisson_subsampling_probability,
+                         _accountant(accountant_type))
+
+
+def logexpm1(x):
+    """log(e^x − 1) for x > 0, without overflow: TF-Privacy's `_logexpm1`.
+
+    Group privacy's δ for k examples is δ · (e^(kε) − 1) / (e^ε − 1);
+    TF-Privacy's tests check the user-level figures with it.
+    """
+    return x + math.log(-math.expm1(-x))
+
+
 def _fill(text):
     return textwrap.fill(text, width=80)
 
