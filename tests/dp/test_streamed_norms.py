@@ -212,10 +212,11 @@ class StreamedMemoryTest(tf.test.TestCase):
             # tensors are alive together, varies between runs (mixed has
             # measured 96 and 104 MiB at 128 px on the same code).
             self.assertLess(ratio_large, ratio_small + 0.09, (method, small, large))
-        # The same measurement does see a path that keeps more: 4 x 8 MiB at
-        # 128 px. (`clipping._recorded`, which asks the tape for every output
-        # gradient at once, measured 1.12-1.41x here while the GroupNorm
+        # The same measurement does see a path that keeps more: 3 or 4 x 8 MiB
+        # at 128 px, by the order of independent ops (24 and 32 MiB measured on
+        # the same code). (`clipping._recorded`, which asks the tape for every
+        # output gradient at once, measured 1.12-1.41x here while the GroupNorm
         # rule recomputed x̂; with the statistics its tap keeps, it is level.)
-        self.assertGreater(large["kept"], large["nonprivate"] + 24, (small, large))
+        self.assertGreaterEqual(large["kept"], large["nonprivate"] + 24, (small, large))
         self.assertGreater(large["kept"] - large["nonprivate"],
                            2 * (small["kept"] - small["nonprivate"]), (small, large))
