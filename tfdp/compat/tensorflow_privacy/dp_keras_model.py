@@ -12,6 +12,7 @@ in a `tfdp.DPModel`, and `compile` wraps the plain optimizer in a
 import keras
 
 from tfdp.compat.tensorflow_privacy import native_route
+from tfdp.compat.tensorflow_privacy import packed_io
 from tfdp.compat.tensorflow_privacy.dp_keras_optimizer import DPKerasOptimizer
 from tfdp.compat.tensorflow_privacy.dp_keras_optimizer import validate_arguments
 from tfdp.keras import DPModel as NativeDPModel
@@ -82,6 +83,12 @@ class DPModel(NativeDPModel):
                     "subclass keras.Model and use `tfdp.make_private(model)`."
                 )
             model = self._inner_model_class(*args, **kwargs)
+        # Several named inputs or outputs: one packed tensor each on the
+        # private route (`packed_io`), as TF-Privacy's DPModel trains them.
+        self.packing = packed_io.PackedIO(model) if packed_io.PackedIO.needed(model) else None
+        self.unpacked_model = model
+        if self.packing is not None:
+            model = self.packing.packed_model()
         # C and σ live in this request alone (validated there), until
         # `compile` hands them to the optimizer it wraps.
         self.privacy_request = validate_arguments(l2_norm_clip, noise_multiplier,
@@ -101,7 +108,18 @@ class DPModel(NativeDPModel):
         return self.privacy_request.noise_multiplier
 
     def compile(self, optimizer="rmsprop", loss=None, **kwargs):
-        """Compiles with a plain optimizer, wrapped with this model's DP settings."""
+        """Compiles with a plain optimizer, wrapped with this model's DP settings.
+
+        With several outputs, `loss` and `loss_weights` may be dicts (or
+        lists) by output: the loss of one example is Σ_k w_k · loss_k.
+        """
+        if self.packing is not None and not isinstance(loss, packed_io.PackedLoss):
+            if kwargs.get("metrics") or kwargs.get("weighted_metrics"):
+                raise ValueError(
+                    "Metrics of a model with several outputs are not supported on the "
+                    "private route; evaluate `model.unpacked_model` with them. Received: "
+                    f"metrics={kwargs.get('metrics') or kwargs.get('weighted_metrics')!r}")
+            loss = self.packing.loss(loss, kwargs.pop("loss_weights", None))
         if self._owns(optimizer):
             wrapped = optimizer  # Our own wrapper: a re-compile, or a load.
         else:
@@ -120,6 +138,26 @@ class DPModel(NativeDPModel):
             )
         super().compile(optimizer=wrapped, loss=loss, **kwargs)
 
+    def fit(self, x=None, y=None, *args, validation_data=None, **kwargs):
+        """`DPModel.fit`; dicts (or lists) of inputs and targets are packed first."""
+        if self.packing is not None:
+            x, y = self.packing.pack_inputs(x), self.packing.pack_targets(y)
+            if validation_data is not None:
+                vx, vy = validation_data[:2]
+                validation_data = (self.packing.pack_inputs(vx), self.packing.pack_targets(vy))
+        return super().fit(x, y, *args, validation_data=validation_data, **kwargs)
+
+    def evaluate(self, x=None, y=None, *args, **kwargs):
+        if self.packing is not None:
+            x, y = self.packing.pack_inputs(x), self.packing.pack_targets(y)
+        return super().evaluate(x, y, *args, **kwargs)
+
+    def predict(self, x, *args, **kwargs):
+        if self.packing is None:
+            return super().predict(x, *args, **kwargs)
+        return self.packing.unpack_outputs(
+            super().predict(self.packing.pack_inputs(x), *args, **kwargs))
+
     def _owns(self, optimizer):
         """Whether `optimizer` is the wrapper `compile` makes for this model."""
         return (
@@ -132,6 +170,8 @@ class DPModel(NativeDPModel):
 
     def get_config(self):
         config = super().get_config()
+        # The user's model: packing is redone on load.
+        config["model"] = keras.saving.serialize_keras_object(self.unpacked_model)
         config.update(
             l2_norm_clip=self.l2_norm_clip,
             noise_multiplier=self.noise_multiplier,
