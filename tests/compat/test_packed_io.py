@@ -56,3 +56,14 @@ def test_missing_or_unknown_keys_are_refused():
     x, y = _batch()
     with pytest.raises(ValueError, match="inputs are"):
         _model(True).fit({"foo": x["foo"]}, y, batch_size=BATCH, verbose=0)
+
+
+def test_save_and_load_keep_the_structure(tmp_path):
+    x, y = _batch()
+    private = _model(True)
+    private.fit(x, y, epochs=1, batch_size=BATCH, shuffle=False, verbose=0)
+    path = str(tmp_path / "packed.keras")
+    private.save(path)
+    loaded = keras.models.load_model(path)
+    np.testing.assert_allclose(loaded.predict(x, verbose=0)["foo"],
+                               private.predict(x, verbose=0)["foo"], rtol=1e-6)

@@ -140,6 +140,7 @@ def _by_output(values, keys, what):
     return {key: values for key in keys}
 
 
+@keras.saving.register_keras_serializable(package="tfdp.compat")
 class PackedLoss(keras.losses.Loss):
     """Σ_k w_k · loss_k(y_k, ŷ_k) per example, on packed targets and predictions.
 
@@ -152,6 +153,21 @@ class PackedLoss(keras.losses.Loss):
         super().__init__(name=name)
         self.terms = terms
         self.outputs = outputs
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "terms": [[key, keras.saving.serialize_keras_object(loss), weight]
+                      for key, loss, weight in self.terms],
+            "outputs": [[key, list(shape), width] for key, shape, width in self.outputs],
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        terms = [(key, keras.saving.deserialize_keras_object(loss), weight)
+                 for key, loss, weight in config["terms"]]
+        outputs = [(key, tuple(shape), width) for key, shape, width in config["outputs"]]
+        return cls(terms, outputs, name=config.get("name", "packed_loss"))
 
     def call(self, y_true, y_pred):
         true = dict(PackedIO._split(y_true, self.outputs))
