@@ -150,23 +150,10 @@ class DPFTRLTreeAggregationOptimizer(dp_keras_optimizer.DPKerasOptimizer):
             l2_norm_clip=self.l2_norm_clip, leaves_per_step=self.accumulation_steps)
 
     def get_config(self):
-        config = self.inner_optimizer.get_config()
-        config.update(
-            l2_norm_clip=self.l2_norm_clip,
-            noise_multiplier=self.tf_privacy_noise_multiplier,
-            num_microbatches=self.num_microbatches,
-            gradient_accumulation_steps=self.accumulation_steps,
-            restart_period=self.restart_period,
-            restart_warmup=self.restart_warmup,
-            unconnected_gradients_to_zero=self.unconnected_gradients_to_zero,
-        )
         # The noise seed is left out: a saved model must not carry its noise.
-        return config
+        return dp_keras_optimizer.flat_config(
+            self, restart_period=self.restart_period, restart_warmup=self.restart_warmup)
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        if isinstance(config.get("learning_rate"), dict):
-            config["learning_rate"] = keras.saving.deserialize_keras_object(
-                config["learning_rate"], custom_objects=custom_objects)
-        return cls(**config)
+        return dp_keras_optimizer.from_flat_config(cls, config, custom_objects)

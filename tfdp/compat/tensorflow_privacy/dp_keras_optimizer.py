@@ -440,6 +440,35 @@ class DPKerasOptimizer(DPOptimizer):
         return DPKerasOptimizer(optimizer, **config)
 
 
+def flat_config(optimizer, **extra):
+    """TF-Privacy's config of a `DPKeras<cls>` optimizer: the wrapped optimizer's, then its own.
+
+    Args:
+        optimizer: `DPKerasOptimizer`.
+        **extra: further constructor arguments of a subclass.
+    """
+    config = optimizer.inner_optimizer.get_config()
+    config.update(
+        l2_norm_clip=optimizer.l2_norm_clip,
+        noise_multiplier=optimizer.tf_privacy_noise_multiplier,
+        num_microbatches=optimizer.num_microbatches,
+        gradient_accumulation_steps=optimizer.accumulation_steps,
+        unconnected_gradients_to_zero=optimizer.unconnected_gradients_to_zero,
+        **extra,
+    )
+    return config
+
+
+def from_flat_config(klass, config, custom_objects=None):
+    """The optimizer of class `klass` from `flat_config`'s dict."""
+    config = dict(config)
+    if isinstance(config.get("learning_rate"), dict):
+        config["learning_rate"] = keras.saving.deserialize_keras_object(
+            config["learning_rate"], custom_objects=custom_objects
+        )
+    return klass(**config)
+
+
 def make_keras_optimizer_class(cls):
     """Returns TF-Privacy's `DPKeras<cls>` for a Keras optimizer class.
 
@@ -480,24 +509,11 @@ def make_keras_optimizer_class(cls):
         )
 
     def get_config(self):
-        config = self.inner_optimizer.get_config()
-        config.update(
-            l2_norm_clip=self.l2_norm_clip,
-            noise_multiplier=self.tf_privacy_noise_multiplier,
-            num_microbatches=self.num_microbatches,
-            gradient_accumulation_steps=self.accumulation_steps,
-            unconnected_gradients_to_zero=self.unconnected_gradients_to_zero,
-        )
-        return config
+        return flat_config(self)
 
     @classmethod
     def from_config(klass, config, custom_objects=None):
-        config = dict(config)
-        if isinstance(config.get("learning_rate"), dict):
-            config["learning_rate"] = keras.saving.deserialize_keras_object(
-                config["learning_rate"], custom_objects=custom_objects
-            )
-        return klass(**config)
+        return from_flat_config(klass, config, custom_objects)
 
     name = f"DPKeras{cls.__name__}Optimizer"
     doc = (
