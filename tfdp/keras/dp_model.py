@@ -332,6 +332,9 @@ class DPModel(keras.Model):
         return self.train_function
 
     def train_step(self, data):
+        # Traced before the first update: an override the step would ignore
+        # fails here, before anything is released.
+        refuse_ignored_loss(self)
         last = None
         if getattr(self, "_dp_marks_last", False):
             x, y, sample_weight, last = data
@@ -386,6 +389,34 @@ class DPModel(keras.Model):
             config.pop("model"), custom_objects=custom_objects
         )
         return cls(model, **config)
+
+
+def refuse_ignored_loss(model):
+    """Raises when a `DPModel` subclass overrides `compute_loss`, which DP-SGD ignores.
+
+    The private step clips the gradients of the compiled per-example loss
+    (`per_example_loss_fn`), row by row; an overridden `compute_loss`
+    (a penalty, another reduction) would only change the logged loss, so
+    the model would silently train on another loss than its author's.
+    `compute_metrics` may be overridden: metrics take no part in the update.
+
+    Args:
+        model: `DPModel`.
+
+    Raises:
+        ValueError: naming the overriding class.
+    """
+    owner = next(klass for klass in type(model).__mro__ if "compute_loss" in vars(klass))
+    if not issubclass(owner, DPModel):  # Keras' own: the loss the step logs.
+        return
+    raise ValueError(
+        f"{owner.__name__} overrides `compute_loss`, which a private model does not "
+        "train on: DP-SGD clips the gradient of each example's compiled loss "
+        "(`compile(loss=...)`), and the override would change only the logged loss. "
+        "Put the loss in `compile(loss=...)` as a per-example loss `(y_true, y_pred) "
+        "-> [batch]` (a data-free weight penalty: `DPOptimizer(weight_decay=...)`), "
+        f"and remove the override. Received: {owner.__module__}.{owner.__qualname__}"
+        ".compute_loss")
 
 
 def make_private(model):

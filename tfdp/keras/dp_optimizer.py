@@ -9,7 +9,12 @@ through `tfdp.keras.private_update`. Which mechanism a `fit` runs under is
 `tfdp.keras.mechanism_builder`'s concern. Its own `apply` and
 `apply_gradients` always raise, so that a model whose default Keras
 `train_step` would apply plain (unclipped, noiseless) gradients fails
-loudly instead of training non-privately.
+loudly instead of training non-privately. The wrapped optimizer's own
+`apply`, `apply_gradients` and `stateless_apply` refuse too, except inside
+the release (`DPOptimizer.apply_noisy`, which `LogicalStep` and the compat
+custom loop call): a `train_step` that hands plain gradients to
+`optimizer.inner_optimizer` raises `PlainGradientsError` instead of training
+plain SGD under a printed ε.
 
 What is saved: `iterations` (the wrapped optimizer's step counter, i.e. the
 noisy updates taken), the wrapped optimizer's slots and the count of passes
@@ -22,6 +27,7 @@ logical step never spans two epochs (`DPModel.fit` discards an unfinished
 one, unreleased, at each epoch start), and Keras resumes at an epoch start.
 """
 
+import threading
 
 import keras
 from keras.src.utils import tracking
@@ -40,6 +46,59 @@ _NOT_PLAIN = (
     "`model = tfdp.make_private(model)` (or build a `tfdp.DPModel`), then "
     "compile it with the DPOptimizer."
 )
+
+
+_BYPASS = (
+    "The optimizer wrapped by a DPOptimizer was asked to apply gradients outside "
+    "the private release: only the clipped, noised mean of a logical step may "
+    "update the weights, and the ledger counts only those releases. This happens "
+    "when a custom `train_step` (or other code) calls "
+    "`optimizer.inner_optimizer.apply_gradients(...)` or `.apply(...)` itself. "
+    "Leave the update to the private model's `train_step` "
+    "(`tfdp.keras.private_update.private_update`), or, in a TF-Privacy custom "
+    "loop, to `minimize` / `apply_gradients` of the released gradients."
+)
+
+# Set (per thread) while `DPOptimizer.apply_noisy` hands a release to the
+# wrapped optimizer. A Python flag, read when the wrapped optimizer's `apply`
+# is called: eagerly, or while a train step is traced, so a traced update
+# outside the release fails at its tracing, before any update runs.
+_RELEASE = threading.local()
+
+
+class PlainGradientsError(RuntimeError, AssertionError):
+    """Raised when gradients that were not released privately would update the weights.
+
+    A `RuntimeError`, tfdp's error for an operation that cannot be made
+    private, and an `AssertionError`, the error TF-Privacy's optimizers
+    raise when asked to apply gradients that are not their DP gradients.
+    """
+
+
+def _refuse_outside_release(optimizer):
+    """Makes `optimizer` (a wrapped one) refuse updates outside `apply_noisy`.
+
+    Wraps its bound `apply` and `stateless_apply` (Keras' `apply_gradients`
+    calls `apply`) on the instance. Idempotent: a second DPOptimizer around
+    the same optimizer keeps one guard.
+    """
+    if getattr(optimizer, "_tfdp_release_guard", False):
+        return
+    apply, stateless_apply = optimizer.apply, optimizer.stateless_apply
+
+    def guarded_apply(grads, trainable_variables=None):
+        if not getattr(_RELEASE, "active", False):
+            raise PlainGradientsError(_BYPASS)
+        return apply(grads, trainable_variables)
+
+    def guarded_stateless_apply(optimizer_variables, grads, trainable_variables):
+        if not getattr(_RELEASE, "active", False):
+            raise PlainGradientsError(_BYPASS)
+        return stateless_apply(optimizer_variables, grads, trainable_variables)
+
+    optimizer.apply = guarded_apply
+    optimizer.stateless_apply = guarded_stateless_apply
+    optimizer._tfdp_release_guard = True
 
 
 def _request_property(name, doc):
@@ -182,6 +241,8 @@ class DPOptimizer(keras.optimizers.Optimizer):
             gradient_accumulation_steps=k, bands=bands, band_coefficients=band_coefficients,
         )
         super().__init__(learning_rate=0.0, name=name)
+        # Plain gradients handed to the wrapped optimizer directly are refused.
+        _refuse_outside_release(optimizer)
         self.inner_optimizer = optimizer
         self.accumulation_steps = k
         self.method = method
@@ -286,13 +347,31 @@ class DPOptimizer(keras.optimizers.Optimizer):
         return loss
 
     def apply_gradients(self, grads_and_vars):
-        raise RuntimeError(_NOT_PLAIN)
+        raise PlainGradientsError(_NOT_PLAIN)
 
     def apply(self, grads, trainable_variables=None):
-        raise RuntimeError(_NOT_PLAIN)
+        raise PlainGradientsError(_NOT_PLAIN)
 
     def stateless_apply(self, optimizer_variables, grads, trainable_variables):
-        raise RuntimeError(_NOT_PLAIN)
+        raise PlainGradientsError(_NOT_PLAIN)
+
+    def apply_noisy(self, grads, variables):
+        """Applies a private release through the wrapped optimizer: the one way to update.
+
+        Called by the release of a logical step (`LogicalStep`) and by the
+        compat custom loop with the gradients it released; the wrapped
+        optimizer refuses any other call (`PlainGradientsError`).
+
+        Args:
+            grads: list of tensors. The released (noised) gradients.
+            variables: list of variables, one per gradient.
+        """
+        previous = getattr(_RELEASE, "active", False)
+        _RELEASE.active = True
+        try:
+            self.inner_optimizer.apply(grads, variables)
+        finally:
+            _RELEASE.active = previous
 
     @property
     def counts_passes(self):

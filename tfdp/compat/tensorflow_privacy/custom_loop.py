@@ -198,7 +198,7 @@ def apply_released(optimizer, grads, variables):
     released = tf.identity(tf.convert_to_tensor(optimizer.iterations))
     optimizer.iterations.assign_sub(1)
     try:
-        optimizer.inner_optimizer.apply(grads, variables)
+        optimizer.apply_noisy(grads, variables)
     except Exception:
         optimizer.iterations.assign(tf.maximum(optimizer.iterations, released))
         raise

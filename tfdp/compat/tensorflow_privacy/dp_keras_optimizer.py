@@ -33,6 +33,7 @@ from tfdp import validation
 from tfdp.compat.tensorflow_privacy import custom_loop
 from tfdp.compat.tensorflow_privacy import native_route
 from tfdp.keras import DPOptimizer
+from tfdp.keras import dp_optimizer
 
 _PLAIN_MODEL = (
     "A TF-Privacy optimizer was asked to apply the gradients of Keras' own "
@@ -45,17 +46,14 @@ _PLAIN_MODEL = (
 )
 
 
-class PlainGradientsError(RuntimeError, AssertionError):
-    """Raised when a TF-Privacy optimizer is asked to apply gradients it did not noise.
-
-    `apply_gradients` and `apply` take only the noised gradients that
-    `_compute_gradients` has just returned (once); anything else could be
-    plain gradients and is refused before any update. It is a
-    `RuntimeError`, tfdp's error for an operation that cannot be made
-    private, and an `AssertionError`, the error TF-Privacy's optimizers
-    raise when `apply_gradients` is called without their DP gradients, so
-    code written for either catches it.
-    """
+# Raised when a TF-Privacy optimizer is asked to apply gradients it did not
+# noise: `apply_gradients` and `apply` take only the noised gradients that
+# `_compute_gradients` has just returned (once), and the wrapped optimizer
+# takes only releases. The Keras engine's class (one class, so that code
+# catching either name catches every refusal): a `RuntimeError`, tfdp's error
+# for an operation that cannot be made private, and an `AssertionError`, the
+# error TF-Privacy's optimizers raise without their DP gradients.
+PlainGradientsError = dp_optimizer.PlainGradientsError
 
 
 def validate_arguments(l2_norm_clip, noise_multiplier, num_microbatches=None,
