@@ -394,7 +394,7 @@ class CliBandsTest(parameterized.TestCase):
             8.0, 1e-5, steps=469, dataset_size=4000, batch_size=256))
 
     @parameterized.parameters(
-        (["--bands=2", "--sampler=shuffle"], "--bands > 1 samples each privacy unit"),
+        (["--bands=2", "--sampler=shuffle"], "bands > 1 samples each privacy unit"),
         (["--bands=16"], "bands × logical_batch_size must not exceed"),
         (["--bands=0"], "expected >= 1"),
     )

@@ -17,20 +17,15 @@ from tfdp import validation
 from tfdp.dp import noisy_aggregator
 from tfdp.keras import fit_plan as fit_plan_lib
 
-# The sampler `fit` takes when none is asked for, by privacy unit and route:
-# Poisson sampling for arrays in random order (accounted with amplification),
-# shuffle for a fixed order or a stream (the bound that holds for any order),
-# and Poisson sampling of users for user-level privacy.
+# The sampler `fit` asks for when none is given, by route: Poisson sampling
+# for arrays in random order (accounted with amplification), shuffle for a
+# fixed order or a stream (the bound that holds for any order). Its form for
+# the privacy unit and the bands is `tfdp.samplers.resolve_name`'s.
 DEFAULT_SAMPLERS = {
-    ("example", fit_plan_lib.SAMPLED): "poisson",
-    ("example", fit_plan_lib.ORDERED): "shuffle",
-    ("example", fit_plan_lib.STREAM): "shuffle",
-    ("user", fit_plan_lib.SAMPLED): "user_poisson",
+    fit_plan_lib.SAMPLED: "poisson",
+    fit_plan_lib.ORDERED: "shuffle",
+    fit_plan_lib.STREAM: "shuffle",
 }
-
-# The sampler of banded matrix-factorization noise (bands > 1) on every
-# route, by privacy unit: Poisson sampling within b groups of the units.
-BANDED_SAMPLERS = {"example": "banded_poisson", "user": "banded_user_poisson"}
 
 
 class MechanismBuilder:
@@ -286,12 +281,11 @@ class MechanismBuilder:
                 )
         elif self.sampler is not None:
             return self.sampler
-        if self.bands > 1:  # Keeps each unit's steps `bands` apart.
-            return BANDED_SAMPLERS[self.privacy_unit]
-        # A unit with one sampler (users) takes it on every route, which then
-        # refuses the routes it cannot draw.
-        return DEFAULT_SAMPLERS.get((self.privacy_unit, route),
-                                    DEFAULT_SAMPLERS[(self.privacy_unit, fit_plan_lib.SAMPLED)])
+        # Users have one sampler (Poisson), which every route takes and then
+        # refuses where it cannot draw it; bands > 1 keep a unit's steps apart.
+        requested = "poisson" if self.privacy_unit == "user" else DEFAULT_SAMPLERS[route]
+        return samplers.resolve_name(requested, privacy_unit=self.privacy_unit,
+                                     bands=self.bands)
 
     def _sizes(self, arrays, dataset_size, physical_batch_size):
         """B and N of the fit (in privacy units), checked against the request."""

@@ -223,24 +223,13 @@ def compute(args):
     return result
 
 
-# Each sampler with bands > 1 and its b-group form.
-_BANDED_FORMS = {"poisson": "banded_poisson", "banded_poisson": "banded_poisson",
-                 "user_poisson": "banded_user_poisson",
-                 "banded_user_poisson": "banded_user_poisson"}
-
-
 def _accounted_sampler(args):
     """`(name, sampler)` of the run asked for: its banded form with b bands when b > 1."""
     if args.bands == 1:
         return args.sampler, samplers.make_sampler(
             args.sampler, dataset_size=args.dataset_size, logical_batch_size=args.batch_size)
-    if args.sampler not in _BANDED_FORMS:
-        raise ValueError(
-            "--bands > 1 samples each privacy unit in steps at least `bands` apart (Poisson "
-            "sampling within b groups: --sampler=poisson or banded_poisson for examples, "
-            "user_poisson or banded_user_poisson for users). "
-            f"Received: sampler={args.sampler!r}, bands={args.bands}")
-    name = _BANDED_FORMS[args.sampler]
+    unit = samplers.sampler_class(args.sampler).privacy_unit
+    name = samplers.resolve_name(args.sampler, privacy_unit=unit, bands=args.bands)
     return name, samplers.make_sampler(
         name, dataset_size=args.dataset_size, logical_batch_size=args.batch_size,
         bands=args.bands)

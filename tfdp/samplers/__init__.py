@@ -12,6 +12,7 @@ from tfdp.samplers.base import for_accounting
 from tfdp.samplers.base import make_sampler
 from tfdp.samplers.base import names
 from tfdp.samplers.base import register
+from tfdp.samplers.base import resolve_name
 from tfdp.samplers.base import sampler_class
 from tfdp.samplers.poisson import PoissonSampler
 from tfdp.samplers.shuffle import ShuffleSampler
@@ -33,6 +34,7 @@ __all__ = [
     "make_sampler",
     "names",
     "register",
+    "resolve_name",
     "sampler_class",
     "weak_amplification_warning",
 ]

@@ -146,6 +146,8 @@ class BandedPoissonSampler(BandGroups, poisson.PoissonSampler):
     """
 
     name = "banded_poisson"
+    user_form = "banded_user_poisson"
+    banded_form = "banded_poisson"
 
     def __init__(self, dataset_size, logical_batch_size, physical_batch_size=None, num_hosts=1,
                  *, bands=1):

@@ -31,6 +31,8 @@ class BandedUserPoissonSampler(banded_poisson.BandGroups, user_poisson.UserPoiss
     """
 
     name = "banded_user_poisson"
+    user_form = "banded_user_poisson"
+    banded_form = "banded_user_poisson"
 
     def __init__(self, dataset_size, logical_batch_size, physical_batch_size=None, num_hosts=1,
                  *, user_ids=None, max_examples_per_user=1, bands=1):

@@ -47,6 +47,50 @@ def sampler_class(name):
         ) from None
 
 
+def resolve_name(requested, *, privacy_unit="example", bands=1):
+    """The registered sampler a run draws with: the one place names are mapped.
+
+    A run asks for a sampler by name (`"poisson"`, `"shuffle"`, ...), a
+    privacy unit and a number of bands; the sampler that really draws its
+    batches is the requested one's form for that unit (`user_form`: users
+    sampled instead of examples) and, with `bands` > 1, its b-group form
+    (`banded_form`: each unit's steps at least `bands` apart). Each sampler
+    class declares its forms, so a new sampler adds no table here.
+
+    Args:
+        requested: str. A registered sampler name.
+        privacy_unit: str. "example" or "user". Defaults to "example".
+        bands: int. b of banded noise; 1 for DP-SGD. Defaults to 1.
+
+    Returns:
+        str: a registered sampler name.
+
+    Raises:
+        ValueError: for an unknown name, or a sampler with no form for the
+            unit or the bands.
+    """
+    cls = sampler_class(requested)
+    if privacy_unit not in ("example", "user"):
+        raise ValueError(
+            f"privacy_unit must be 'example' or 'user'. Received: privacy_unit={privacy_unit!r}")
+    if privacy_unit != cls.privacy_unit:
+        if cls.user_form is None:
+            raise ValueError(
+                "privacy_unit='user' draws users by Poisson sampling (sampler='poisson'); "
+                f"sampler={requested!r} has no user-level form. Received: "
+                f"sampler={requested!r}, privacy_unit={privacy_unit!r}")
+        cls = sampler_class(cls.user_form)
+    if positive_int("bands", bands) > 1:
+        if cls.banded_form is None:
+            raise ValueError(
+                "bands > 1 samples each privacy unit in steps at least `bands` apart "
+                "(Poisson sampling within b groups: sampler='poisson' or 'banded_poisson'); "
+                f"sampler={requested!r} cannot. Received: sampler={requested!r}, "
+                f"bands={bands!r}")
+        cls = sampler_class(cls.banded_form)
+    return cls.name
+
+
 def positive_int(name, value):
     """`value` as an int, or a clear error unless it is a positive integer."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
@@ -85,6 +129,10 @@ class Sampler(abc.ABC):
     bands = 1
     # True for a sampler that takes a `bands` argument.
     takes_bands = False
+    # The registered names of this sampler's user-level form and of its
+    # b-group form, or None where there is none (`resolve_name`).
+    user_form = None
+    banded_form = None
 
     def __init__(self, dataset_size, logical_batch_size, physical_batch_size=None, num_hosts=1):
         self.dataset_size = positive_int("dataset_size", dataset_size)

@@ -26,6 +26,8 @@ class PoissonSampler(base.Sampler):
     """
 
     name = "poisson"
+    user_form = "user_poisson"
+    banded_form = "banded_poisson"
     amplified = True
     needs_random_access = True
     fixed_size_steps = False

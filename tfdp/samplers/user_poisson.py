@@ -64,6 +64,8 @@ class UserPoissonSampler(poisson.PoissonSampler):
     """
 
     name = "user_poisson"
+    user_form = "user_poisson"
+    banded_form = "banded_user_poisson"
     privacy_unit = "user"
     adjacency = "add_or_remove_one_user"
     adjacency_description = "add or remove one user's data"

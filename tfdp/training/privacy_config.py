@@ -5,11 +5,10 @@ import dataclasses
 import gin
 
 from tfdp import dpsgd_config
+from tfdp import samplers
 from tfdp.privacy import banded_mf
 
 _COEFFICIENT_CHOICES = ("sqrt", "optimized")
-# "poisson" with bands > 1 draws from "banded_poisson", Poisson's b-group form.
-_BANDED_SAMPLERS = ("poisson", "banded_poisson")
 
 
 def _given_coefficients(band_coefficients):
@@ -131,17 +130,9 @@ class PrivacyConfig:
                     f"max_examples_per_user={self.max_examples_per_user!r}, "
                     f"bands={self.bands!r}")
             return
-        if self.privacy_unit == "user" and self.sampler != "poisson":
-            raise ValueError(
-                "privacy_unit='user' draws users by Poisson sampling (sampler='poisson'). "
-                f"Received: sampler={self.sampler!r}")
         banded = self.bands > 1
-        if banded and self.privacy_unit == "example" and self.sampler not in _BANDED_SAMPLERS:
-            raise ValueError(
-                "bands > 1 samples each example in steps at least `bands` apart (Poisson "
-                "sampling within b groups, sampler='poisson' or 'banded_poisson'); "
-                f"sampler={self.sampler!r} cannot. Received: sampler={self.sampler!r}, "
-                f"bands={self.bands!r}")
+        # The sampler has a form for the unit and the bands (one mapping of names).
+        samplers.resolve_name(self.sampler, privacy_unit=self.privacy_unit, bands=self.bands)
         # DPSGDConfig validates bands and given coefficients once, with C, σ and δ.
         request = dpsgd_config.DPSGDConfig(
             self.l2_norm_clip, self.noise_multiplier, target_epsilon=self.target_epsilon,
@@ -152,15 +143,15 @@ class PrivacyConfig:
 
     @property
     def sampler_name(self):
-        """The registered sampler a run draws with: a banded one for b > 1.
+        """The registered sampler a run draws with (`tfdp.samplers.resolve_name`).
 
-        "banded_poisson", or "banded_user_poisson" under
-        `privacy_unit="user"` (whose b = 1 sampler, "user_poisson", the run
-        plan picks from the privacy unit).
+        Its form for the privacy unit and, for b > 1, its banded form:
+        "banded_poisson", or "banded_user_poisson" under `privacy_unit="user"`.
         """
-        if self.private and self.dpsgd_config.bands > 1:
-            return "banded_user_poisson" if self.privacy_unit == "user" else "banded_poisson"
-        return self.sampler
+        if not self.private:
+            return self.sampler
+        return samplers.resolve_name(self.sampler, privacy_unit=self.privacy_unit,
+                                     bands=self.dpsgd_config.bands)
 
     def request_for(self, steps):
         """The privacy request for `steps` planned steps ("optimized" coefficients fitted).

@@ -45,7 +45,8 @@ def user_sampler(train_source, *, users_per_step, physical_batch_size, k, replic
             f"logical_batch_size={users_per_step}, users={num_users}")
     banded = {"bands": bands} if bands > 1 else {}
     sampler = samplers.make_sampler(
-        "banded_user_poisson" if banded else "user_poisson", dataset_size=num_users,
+        samplers.resolve_name("poisson", privacy_unit="user", bands=bands),
+        dataset_size=num_users,
         logical_batch_size=users_per_step, physical_batch_size=physical_batch_size,
         user_ids=ids, max_examples_per_user=k, **banded)
     if pad_granule == "auto":  # The finest of P/8, P/4, P/2, P holding whole users.
