@@ -159,6 +159,9 @@ class LogicalStep:
         self.accumulators = None
         # Banded noise only: the last b − 1 noise tensors, and the releases
         # that advanced them (never saved: the state is as secret as the key).
+        # Every release counts, so that a later `fit` call of this process
+        # finds `noise_steps == iterations` and continues the same state,
+        # while a Keras checkpoint (which restores `iterations` only) does not.
         self.noise_state = None
         self.noise_steps = distribute.replica_local_variable(
             tf.constant(0, tf.int64), "dp_noise_steps", aggregation="first")
@@ -195,7 +198,13 @@ class LogicalStep:
 
         Its noise state and key are not saved, so the steps after a restore
         would start a new strategy and a new group split, which the ledger
-        does not account.
+        does not account. Another `fit` call on the same optimizer in this
+        process continues the same state, key and group split: every release
+        advanced `noise_steps` with `iterations`, which a restore does not.
+
+        Raises:
+            ValueError: for bands > 1 when `iterations` differs from the
+                releases this process drew noise for.
         """
         iterations = int(self._optimizer.iterations.numpy())
         if self._optimizer.bands > 1 and iterations != int(self.noise_steps.numpy()):
@@ -286,6 +295,7 @@ class LogicalStep:
 
         def release():
             self._apply(step, variables)
+            self.noise_steps.assign_add(1)
             return tf.constant(True)
 
         tf.cond(optimizer.account.release_allowed(step), release, lambda: tf.constant(False))
@@ -311,6 +321,7 @@ class LogicalStep:
             if release is None:
                 def replica_release():
                     self._apply(tf.cast(optimizer.iterations, tf.int64), variables)
+                    self.noise_steps.assign_add(1)
 
                 release = tf.function(lambda: strategy.run(replica_release), autograph=False)
                 self._replica_release_fn = release
