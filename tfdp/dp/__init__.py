@@ -8,7 +8,7 @@ from tfdp.dp.clipping import clipped_grad_sum
 from tfdp.dp.clipping import default_weight_decay_variables
 from tfdp.dp.clipping import resolve_method
 from tfdp.dp.freezing import freeze_unclippable
-from tfdp.dp.layerwise_plan import DPPlan
+from tfdp.dp.layerwise_plan import ClippingPlan
 from tfdp.dp.layerwise_plan import plan
 from tfdp.dp.logical_steps import run_logical_steps
 from tfdp.dp.noise import add_noise

@@ -53,7 +53,7 @@ class LayerPlan:
 
 
 @dataclasses.dataclass
-class DPPlan:
+class ClippingPlan:
     """The per-layer plan of a clipping method for one physical batch."""
 
     method: str
@@ -167,7 +167,7 @@ def plan(model, input_shape, batch_size, method="auto", input_dtype="float32",
             (book-keeping).
 
     Returns:
-        A `DPPlan`; `print(plan)` shows the table.
+        A `ClippingPlan`; `print(plan)` shows the table.
 
     Raises:
         ValueError: for a budget that is not positive, or one given with a
@@ -207,7 +207,7 @@ def plan(model, input_shape, batch_size, method="auto", input_dtype="float32",
                 layer.name, rule.name, cost.t, cost.p, cost.d, cost.mode, params[key],
                 cost.memory_bytes, cost.kept_bytes, pixel_gram=cost.pixel_gram, why=cost.why,
             ))
-        return DPPlan(method, batch_size, layers, requested, notes=rules.notes(model))
+        return ClippingPlan(method, batch_size, layers, requested, notes=rules.notes(model))
 
     if memory_budget_mb is None or method not in BUDGET_CANDIDATES:
         # No budget to choose under, or "auto" resolved to vectorized

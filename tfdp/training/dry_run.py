@@ -24,7 +24,7 @@ def dry_run(model, step_fn, info, plan, batching, *, clipping_plan, probe_settin
         info: `tfdp.data.DatasetInfo`.
         plan: `tfdp.training.run_plan.RunPlan`.
         batching: `tfdp.training.run_plan.Batching`.
-        clipping_plan: `tfdp.dp.DPPlan` or None. The run's clipping plan
+        clipping_plan: `tfdp.dp.ClippingPlan` or None. The run's clipping plan
             (`run_plan.make_clipping_plan`); None for non-private runs (no
             plan, no probe).
         probe_settings: dict. `guards.check_sensitivity`'s keyword arguments.
