@@ -1,8 +1,9 @@
-"""One rule per privacy quantity: C, σ, δ, ε, the divisor, step counts and user ids.
+"""One rule per privacy quantity: C, σ, δ, ε, the divisor, step counts, user ids, labels.
 
 Every route that takes these values (`tfdp.DPSGD`, the privacy ledger and
 accountant, `clipped_grad_sum`, the TF-Privacy compat optimizers, the
-trainer's sources and Keras `fit(user_ids=...)`) checks them here, so a
+trainer's sources and Keras `fit(user_ids=...)`, Keras `fit`'s labels and
+targets) checks them here, so a
 value one route accepts is accepted by all, and a refused value gets the
 same message everywhere.
 
@@ -36,17 +37,37 @@ def _number(value, name):
     return float(value)
 
 
+# √(largest float32): the engine forms each gradient's norm as the square
+# root of a float32 sum of squares, so a norm above this is inf, and that
+# example is dropped as non-finite. A bound above it can never clip anything
+# more, and only scales the noise σ·C up towards float32 overflow (weights
+# NaN/Inf after a step or two).
+MAX_L2_NORM_CLIP = float(np.sqrt(np.finfo(np.float32).max))
+
+
 def validate_l2_norm_clip(l2_norm_clip):
-    """The clipping bound C: a finite number > 0.
+    """The clipping bound C: a finite number in (0, `MAX_L2_NORM_CLIP`].
 
     Args:
         l2_norm_clip: the value to check.
 
     Returns:
         C as a float.
+
+    Raises:
+        ValueError: for a C that is not a finite number, is <= 0, or is
+            above `MAX_L2_NORM_CLIP` (about 1.8e19), whose square overflows
+            float32.
     """
     if _number(l2_norm_clip, "l2_norm_clip") <= 0:
         raise ValueError(f"l2_norm_clip must be > 0. Received: l2_norm_clip={l2_norm_clip!r}")
+    if l2_norm_clip > MAX_L2_NORM_CLIP:
+        raise ValueError(
+            f"l2_norm_clip must be at most {MAX_L2_NORM_CLIP:.3g}: gradient norms are "
+            "formed from float32 squares, so a gradient whose norm is above that is "
+            "already dropped as non-finite, and a larger C only makes the noise sigma*C "
+            "overflow. For (nearly) no clipping use e.g. l2_norm_clip=1e9. "
+            f"Received: l2_norm_clip={l2_norm_clip!r}")
     return float(l2_norm_clip)
 
 
@@ -210,3 +231,116 @@ def validate_user_ids(user_ids, num_examples=None, name="user_ids"):
     if ids.dtype.kind == "f":
         return ids.astype(np.int64)
     return np.array([int(v) for v in ids.tolist()], dtype=np.int64)
+
+
+def _rows_where(bad, n):
+    """The number of rows (first axis) with any bad element."""
+    return int(np.count_nonzero(bad.reshape(n, -1).any(axis=1))) if n else 0
+
+
+def validate_labels(labels, num_classes, name="labels"):
+    """Class labels: whole numbers in [0, `num_classes`), checked before any step.
+
+    A label of -1 would fail inside a training step after some updates were
+    released (and TensorFlow's message would print the batch's labels); a
+    label of `num_classes` would silently train an extra class on a one-hot
+    or sparse loss. The message counts the bad rows and states the valid
+    range; it never shows a label, since labels are private.
+
+    Args:
+        labels: array-like `[n]` or `[n, ...]` (e.g. `[n, 1]`): one label per
+            element; integers, or floats holding whole numbers.
+        num_classes: int >= 1. The number of classes (for a Keras model,
+            the width of its output).
+        name: str. The argument's name, for the message. Defaults to
+            `"labels"`.
+
+    Returns:
+        The labels as an int64 `np.ndarray` of the same shape.
+
+    Raises:
+        ValueError: for a bad `num_classes`, no labels, or rows holding a
+            label that is negative, at least `num_classes`, not whole, NaN,
+            inf or not a number.
+    """
+    if not is_int(num_classes) or num_classes < 1:
+        raise ValueError(
+            f"num_classes must be an integer >= 1. Received: num_classes={num_classes!r}")
+    values = np.asarray(labels)
+    if values.ndim == 0 or values.shape[0] == 0:
+        raise ValueError(
+            f"`{name}` must hold one label per example, a non-empty array. Received: "
+            f"{name} of shape {values.shape}")
+    n = values.shape[0]
+    if values.dtype.kind in "iub":
+        ints = values.astype(np.int64)
+        below, above, other = ints < 0, ints >= num_classes, np.zeros(values.shape, bool)
+    elif values.dtype.kind == "f":
+        with np.errstate(invalid="ignore"):
+            whole = np.isfinite(values) & (np.floor(values) == values)
+            below = whole & (values < 0)
+            above = whole & (values >= num_classes)
+        other = ~whole
+        ints = np.where(whole & ~below & ~above, values, 0).astype(np.int64)
+    else:  # Strings, objects, dates: not class indices.
+        ints = None
+        below = above = np.zeros(values.shape, bool)
+        other = np.ones(values.shape, bool)
+    bad = _rows_where(below | above | other, n)
+    if bad:
+        raise ValueError(
+            f"`{name}` must be class indices, whole numbers in [0, num_classes={num_classes}): "
+            f"{bad} of {n} rows are not ({_rows_where(below, n)} below 0, "
+            f"{_rows_where(above, n)} at or above {num_classes}, {_rows_where(other, n)} not "
+            "a whole finite number). Fix or drop those rows, or give the model as many "
+            f"outputs as classes. Received: {name} with {bad} bad rows of {n} "
+            f"(dtype {values.dtype})")
+    return ints
+
+
+def validate_targets(targets, row_shape=None, name="targets"):
+    """Float targets (one-hot, soft labels, regression): finite, of the output's shape.
+
+    A NaN or inf target makes that example's gradient non-finite, and a
+    target of another shape than the model's output broadcasts silently in
+    the loss. The message counts the bad rows; it never shows a value.
+
+    Args:
+        targets: array-like `[n, ...]`.
+        row_shape: tuple or None. The shape of one example's target (the
+            model's output without its batch axis), or None: not checked.
+            A `[n]` target matches an output row of shape `(1,)`.
+        name: str. The argument's name, for the message. Defaults to
+            `"targets"`.
+
+    Returns:
+        The targets as an `np.ndarray`.
+
+    Raises:
+        ValueError: for no targets, another shape, or rows holding a value
+            that is NaN, inf or not a number.
+    """
+    values = np.asarray(targets)
+    if values.ndim == 0 or values.shape[0] == 0:
+        raise ValueError(
+            f"`{name}` must hold one target per example, a non-empty array. Received: "
+            f"{name} of shape {values.shape}")
+    n = values.shape[0]
+    if row_shape is not None:
+        row = tuple(values.shape[1:])
+        expected = tuple(row_shape)
+        if row != expected and not (row == () and expected == (1,)):
+            raise ValueError(
+                f"`{name}` must have one row per example of the model's output shape "
+                f"{expected} (e.g. one-hot rows of one value per class). Received: {name} "
+                f"of shape {values.shape}")
+    if values.dtype.kind not in "iubf":
+        raise ValueError(
+            f"`{name}` must be numbers. Received: {name} of dtype {values.dtype}")
+    if values.dtype.kind == "f":
+        bad = _rows_where(~np.isfinite(values), n)
+        if bad:
+            raise ValueError(
+                f"`{name}` must be finite: {bad} of {n} rows hold NaN or inf. Fix or drop "
+                f"those rows. Received: {name} with {bad} non-finite rows of {n}")
+    return values
