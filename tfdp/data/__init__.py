@@ -12,6 +12,7 @@ from tfdp.data.preprocessing import cifar_train_preprocess
 from tfdp.data.preprocessing import imagenet_eval_preprocess
 from tfdp.data.preprocessing import imagenet_train_preprocess
 from tfdp.data.sources import ArraySource
+from tfdp.data.sources import DataSource
 from tfdp.data.sources import DatasetInfo
 from tfdp.data.sources import RandomAccessSource
 from tfdp.data.sources import StreamingSource
@@ -29,6 +30,7 @@ __all__ = [
     "catalog_entry",
     "ArrayRecordSource",
     "ArraySource",
+    "DataSource",
     "DatasetSplits",
     "DatasetInfo",
     "DecodeStats",

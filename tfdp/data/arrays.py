@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from tfdp.data import sources
+from tfdp.data import array_source
 
 _TRAIN_KEYS = (("x_train", "y_train"), ("images", "labels"), ("x", "y"))
 _TEST_KEYS = ("x_test", "y_test")
@@ -46,7 +46,7 @@ def _arrays(npz, image_key, label_key, path, user_key=None):
                 f"of `{label_key}`. Received: {user_key}.shape={user_ids.shape}, "
                 f"dtype={user_ids.dtype}, {label_key}.shape={labels.shape} in {path}"
             )
-    return sources.ArraySource(images, labels, user_ids=user_ids)
+    return array_source.ArraySource(images, labels, user_ids=user_ids)
 
 
 def load_npz(path):

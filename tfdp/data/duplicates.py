@@ -34,17 +34,18 @@ to this module.
 """
 
 import hashlib
-import os
 
 import numpy as np
 
-from tfdp.data import folder
 from tfdp.data import progress as progress_lib
-from tfdp.data import sources
 from tfdp.data import validation as validation_lib
 
-_CHUNK = 1 << 20
 _DIGEST_BYTES = 16
+# What to do about copies, unless the caller names what suits its data.
+DEDUPLICATE = (
+    "Deduplicate the data (keep one row of each group of copies), or train at user level "
+    "(privacy_unit='user' with each row's user) so that copies held by one user count as "
+    "that user's data.")
 
 
 def digest(data):
@@ -118,8 +119,10 @@ class CopyCounter:
         return copies
 
 
-def copies_error(copies, rows, where, applied="Nothing was trained."):
+def copies_error(copies, rows, where, applied="Nothing was trained.", remedy=DEDUPLICATE):
     """The message that refuses exact duplicate rows.
+
+    It holds counts only, never a row or a label.
 
     Args:
         copies: int. Rows that repeat an earlier row's input bytes (a
@@ -127,14 +130,13 @@ def copies_error(copies, rows, where, applied="Nothing was trained."):
         rows: int. The rows compared.
         where: str. What held them (e.g. "fit's x").
         applied: str. What was (not) trained.
+        remedy: str. What to do. Defaults to `DEDUPLICATE`.
     """
     return (
         f"{where}: {copies} rows are exact duplicates of other rows in one pass (the same "
         "input bytes, whatever the label), so one example would count twice and ε would "
-        f"hold for a group of two, not for one example. {applied} Deduplicate the data "
-        "(keep one row of each group of copies), or train at user level "
-        "(privacy_unit='user' with each row's user) so that copies held by one user count "
-        f"as that user's data. Received: {copies} duplicate rows among {rows}"
+        f"hold for a group of two, not for one example. {applied} {remedy} "
+        f"Received: {copies} duplicate rows among {rows}"
     )
 
 
@@ -163,23 +165,26 @@ def check_rows(x, *, where, user_ids=None, sample_weight=None):
         raise ValueError(copies_error(counter.copies, counter.rows, where))
 
 
-def check_source(source, *, where, by_user=False):
-    """Refuses a source (arrays, encoded images or records) whose examples repeat.
+def check_source(source, *, where, by_user=False, remedy=DEDUPLICATE):
+    """Refuses a source whose examples repeat, before any training.
 
     Only examples whose size in bytes another example shares are hashed,
-    where sizes are known without reading.
+    where sizes are known without reading (`record_sizes()`). A
+    random-access source is read by index (`record(i)`); a stream is read
+    once, in order (`records()`), as the TFRecord files of `tfrecord:`
+    data are read once to be converted.
 
     Args:
-        source: An `ArraySource`, `FileSource` or `ArrayRecordSource` (any
-            source with `record(i)`, the bytes of example i).
+        source: A `tfdp.data.data_source.DataSource`.
         where: str. What the data is, for the error.
         by_user: bool. User-level privacy: copies held by one user are fine
             (the source's `user_ids`). Defaults to False.
+        remedy: str. What the error tells to do. Defaults to `DEDUPLICATE`.
 
     Raises:
         ValueError: naming the count of copies.
     """
-    sizes = _sizes(source)
+    sizes = source.record_sizes()
     shared = None
     if sizes is not None:
         values, counts = np.unique(sizes, return_counts=True)
@@ -189,31 +194,7 @@ def check_source(source, *, where, by_user=False):
     counter = CopyCounter(by_user=by_user and user_ids is not None)
     counter.add(digests, None if user_ids is None else user_ids.tolist())
     if counter.copies:
-        raise ValueError(copies_error(counter.copies, counter.rows, where))
-
-
-def _sizes(source):
-    """Bytes of each example, or `None` for a source whose sizes are not at hand."""
-    if isinstance(source, folder.FileSource):
-        return np.array([os.path.getsize(p) for p in source.paths], np.int64)
-    if type(source) is sources.ArraySource:
-        if source.encoded:
-            return np.array([len(image) for image in source.images], np.int64)
-        return np.full(len(source), source.images[0].nbytes, np.int64)
-    return None
-
-
-def _content(source, i):
-    if isinstance(source, folder.FileSource):
-        hasher = hashlib.blake2b(digest_size=_DIGEST_BYTES)
-        with open(source.paths[i], "rb") as f:
-            for chunk in iter(lambda: f.read(_CHUNK), b""):
-                hasher.update(chunk)
-        return hasher.digest()
-    if type(source) is sources.ArraySource:
-        image = source.images[i]
-        return digest(bytes(image) if source.encoded else np.ascontiguousarray(image))
-    return digest(source.record(i))
+        raise ValueError(copies_error(counter.copies, counter.rows, where, remedy=remedy))
 
 
 def content_digests(source, sizes, shared_sizes, name):
@@ -224,11 +205,11 @@ def content_digests(source, sizes, shared_sizes, name):
     full; the others get a digest of their own.
 
     Args:
-        source: An `ArraySource` (arrays or encoded images in memory), a
-            `FileSource` (image files read by index), or a source with
-            `record(i)` (the bytes of example i).
-        sizes: np.ndarray or None. `_sizes(source)`; None hashes every
-            example.
+        source: A `tfdp.data.data_source.DataSource`: read by index
+            (`record(i)`) where it has random access, else in one pass
+            (`records()`).
+        sizes: np.ndarray or None. `source.record_sizes()`; None hashes
+            every example.
         shared_sizes: set or None. Sizes that more than one example has,
             over every split compared.
         name: str. The split's name, which keeps unhashed digests apart.
@@ -236,14 +217,18 @@ def content_digests(source, sizes, shared_sizes, name):
     Returns:
         A list of digests, one per example.
     """
+    desc = f"hashing {name} images"
+    if not source.random_access:  # A stream: one sequential read.
+        records = progress_lib.progress(source.records(), total=len(source), desc=desc)
+        return [digest(record) for record in records]
     if sizes is None:
         need = list(range(len(source)))
         digests = {}
     else:
         need = [i for i, size in enumerate(sizes.tolist()) if size in shared_sizes]
         digests = {i: ("unique", name, i) for i in range(len(sizes))}
-    for i in progress_lib.progress(need, total=len(need), desc=f"hashing {name} images") if need else ():
-        digests[i] = _content(source, i)
+    for i in progress_lib.progress(need, total=len(need), desc=desc) if need else ():
+        digests[i] = digest(source.record(i))
     return [digests[i] for i in range(len(source))]
 
 
@@ -264,11 +249,11 @@ def drop_duplicates(train, held_out):
         or the arguments unchanged and an empty dict when the training
         source's contents are not at hand.
     """
-    sizes = {"train": _sizes(train)}
+    sizes = {"train": train.record_sizes()}
     if sizes["train"] is None:
         return train, held_out, {}
     for name, source in held_out.items():
-        held_sizes = None if source is None else _sizes(source)
+        held_sizes = None if source is None else source.record_sizes()
         if held_sizes is not None:
             sizes[name] = held_sizes
     values, counts = np.unique(np.concatenate(list(sizes.values())), return_counts=True)

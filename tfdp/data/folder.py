@@ -25,15 +25,15 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from tfdp.data import array_source
 from tfdp.data import progress as progress_lib
-from tfdp.data import sources
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 # The file of an image folder that names each training image's user.
 USERS_FILE = "users.csv"
 
 
-class FileSource(sources.ArraySource):
+class FileSource(array_source.ArraySource):
     """Random access over image files: example i is the file `paths[i]`.
 
     Paths and labels are held in memory; the file of a sampled index is
@@ -62,6 +62,15 @@ class FileSource(sources.ArraySource):
         """Returns `(encoded_image, label)`: the bytes of file `paths[index]`."""
         paths, labels = self._tensors()
         return tf.io.read_file(tf.gather(paths, index)), tf.gather(labels, index)
+
+    def record_sizes(self):
+        """Bytes of each file, from the file system (no file is read)."""
+        return np.array([os.path.getsize(path) for path in self.paths], np.int64)
+
+    def record(self, index):
+        """The bytes of file `paths[index]`."""
+        with open(self.paths[index], "rb") as f:
+            return f.read()
 
 
 def _is_image(name):
@@ -208,7 +217,7 @@ def class_folder_source(directory, class_names, in_memory_max_bytes, users_csv=N
     user_ids = (None if users_csv is None else
                 read_users(users_csv, users_root or directory, paths))
     if total_bytes <= in_memory_max_bytes:
-        source = sources.ArraySource(read_files(paths), labels, user_ids=user_ids)
+        source = array_source.ArraySource(read_files(paths), labels, user_ids=user_ids)
         # Names a file that does not decode (`load_dataset`'s check); a subset
         # of the bytes has no need of it.
         source.paths = np.asarray(paths, dtype=object)

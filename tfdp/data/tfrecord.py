@@ -24,8 +24,9 @@ import threading
 import numpy as np
 import tensorflow as tf
 
+from tfdp.data import array_source
+from tfdp.data import data_source
 from tfdp.data import progress as progress_lib
-from tfdp.data import sources
 
 _RECORD_FILE = "images.array_record"
 _LABELS_FILE = "labels.npy"
@@ -91,9 +92,17 @@ class ArrayRecordSource:
             self.reads += 1
         return self._reader[int(key)]
 
+    def record_sizes(self):
+        """None: a record's size is known only by reading it."""
+        return None
+
     def record(self, index):
         """The encoded image of example `index`, as bytes (eager; not counted in `reads`)."""
         return self._open()[int(self.keys[index])]
+
+    def records(self):
+        """Every example's encoded image, in index order (not counted in `reads`)."""
+        return data_source.random_access_records(self)
 
     def fetch(self, index):
         """Returns `(encoded_image, label)` of example `index`."""
@@ -108,7 +117,7 @@ class ArrayRecordSource:
     def as_dataset(self, *, shuffle=False, seed=0, input_context=None):
         """Returns a dataset of `(encoded_image, label)` in index order."""
         del shuffle, seed
-        return sources.indexed_dataset(self, input_context)
+        return data_source.indexed_dataset(self, input_context)
 
 
 def match_files(pattern):
@@ -288,7 +297,7 @@ def load_tfrecord(pattern, *, image_key, label_key, cache_dir, in_memory_max_byt
             raise ValueError(f"The TFRecord files hold no examples. Received: pattern={pattern!r}")
         encoded = np.empty(len(images), dtype=object)
         encoded[:] = images
-        source = sources.ArraySource(encoded, np.concatenate(labels),
+        source = array_source.ArraySource(encoded, np.concatenate(labels),
                                      user_ids=np.concatenate(users) if user_key else None)
         source.record_files = (files, per_file)
         return source, f"{len(files)} TFRecord file(s) in memory{_users_note(user_key)}"

@@ -22,7 +22,7 @@ How a source is split depends on what it holds:
 import numpy as np
 import tensorflow as tf
 
-from tfdp.data import sources
+from tfdp.data import data_source
 from tfdp.data import splits
 
 
@@ -62,10 +62,23 @@ class SubsetSource:
                 self._indices_t = tf.constant(self.indices)
         return self.source.fetch(tf.gather(self._indices_t, index))
 
+    def record_sizes(self):
+        """The source's sizes of the subset's examples, or None."""
+        sizes = self.source.record_sizes()
+        return None if sizes is None else sizes[self.indices]
+
+    def record(self, index):
+        """The input bytes of example `index` of the subset."""
+        return self.source.record(self.indices[index])
+
+    def records(self):
+        """Every example's input bytes, in the subset's order."""
+        return data_source.random_access_records(self)
+
     def as_dataset(self, *, shuffle=False, seed=0, input_context=None):
         """Returns a dataset of `(image, label)` in index order."""
         del shuffle, seed
-        return sources.indexed_dataset(self, input_context)
+        return data_source.indexed_dataset(self, input_context)
 
 
 def subset(source, indices):
