@@ -8,6 +8,8 @@
   privacy ledger; the other workers take part in the save (as the TF
   multi-worker docs require) into a scratch directory that is deleted at
   exit.
+- `agreed_key`: the chief's secret key on every worker, so that all draw
+  one sample and one noise per step (the trainer's and Keras `fit`'s).
 - `precision_policy`: Keras mixed_bfloat16 (bf16 compute, float32
   variables) while the model is built.
 
@@ -21,7 +23,10 @@ import os
 import shutil
 import tempfile
 
+import numpy as np
 import tensorflow as tf
+
+from tfdp import secret_key as secret_key_lib
 
 STRATEGIES = ("one_device", "mirrored", "multi_worker_mirrored", "tpu")
 
@@ -116,6 +121,55 @@ def checkpoint_dir(strategy, directory):
     scratch = tempfile.mkdtemp(prefix=f"tfdp_{task_type}{task_id}_ckpt_")
     atexit.register(shutil.rmtree, scratch, ignore_errors=True)
     return scratch
+
+
+def agreed_key(strategy, key):
+    """The chief's key, on every worker of `strategy`.
+
+    Every process resolves a key of its own (a fresh secret one, or an
+    insecure seed's). The workers of one job must use one: with their own
+    keys they would take their shares of different Poisson samples (an
+    example in one step twice, on two workers) and each add `noise / R` of
+    its own draw (the noise std σ·C/√W instead of σ·C). A variable created in
+    a multi-worker strategy's scope starts from the chief's value (a
+    broadcast), so reading it back gives every worker the chief's key. On
+    one worker (every single-process strategy) the key is returned as is.
+
+    Every worker must call this at the same point of its program: the
+    broadcast is a collective, ordered with the other variables' creation.
+
+    Args:
+        strategy: a `tf.distribute` strategy.
+        key: `tfdp.secret_key.SecretKey`. This process's key.
+
+    Returns:
+        A `SecretKey`: the chief's words, `key`'s insecure seed.
+
+    Raises:
+        ValueError: where this worker's key is an insecure seed's and the
+            chief's is another key, or the chief's is an insecure seed's and
+            this one's secret: the workers were not started alike, and the
+            key's secrecy would be reported wrongly.
+    """
+    if num_workers(strategy) == 1:
+        return key
+    insecure = 0 if key.is_secret else 1
+    with strategy.scope():
+        agreed = tf.Variable(np.append(key.words, insecure), dtype=tf.int64, trainable=False,
+                             name="tfdp_agreed_key")
+    values = agreed.numpy()
+    words, chief_insecure = values[:2], int(values[2])
+    if chief_insecure != insecure or (insecure and not np.array_equal(words, key.words)):
+        task_type, task_id = task(strategy)
+        mine = "an insecure seed's key" if insecure else "a secret key"
+        chief = ("a secret key" if not chief_insecure
+                 else "another insecure seed's key" if insecure else "an insecure seed's key")
+        raise ValueError(
+            "The workers of a multi-worker job must all pass the same "
+            "insecure_reproducible_seed, or all none (a fresh secret key, the chief's). "
+            f"Received: on {task_type}{task_id}, {mine}, on the chief {chief}"
+        )
+    return secret_key_lib.SecretKey(words, insecure_seed=key.insecure_seed)
 
 
 # ---------------------------------------------------------------------------

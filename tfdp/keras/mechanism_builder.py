@@ -9,6 +9,7 @@ costs; nothing here branches on a sampler's name.
 import numpy as np
 import tensorflow as tf
 
+from tfdp import distribute
 from tfdp import dpsgd_config
 from tfdp import mechanism as mechanism_lib
 from tfdp import samplers
@@ -108,8 +109,11 @@ class MechanismBuilder:
         self.expected_batch_size = (None if expected_batch_size is None else
                                     validation.validate_expected_batch_size(expected_batch_size))
         self.dataset_size = None if dataset_size is None else int(dataset_size)
-        self.secret_key = secret_key_lib.SecretKey.resolve(
-            insecure_seed=insecure_reproducible_seed)
+        # The chief's key on every worker (the optimizer is made in the
+        # strategy's scope): one sample and one noise draw per step.
+        self.secret_key = distribute.agreed_key(
+            tf.distribute.get_strategy(),
+            secret_key_lib.SecretKey.resolve(insecure_seed=insecure_reproducible_seed))
         self.mechanism = None  # Bound by `plan`, once B is known.
 
     def _init_given(self, mechanism, **others):
@@ -126,9 +130,12 @@ class MechanismBuilder:
                 f"are set in one place. Received: a mechanism and {given}"
             )
         self.given = True
-        self.mechanism = mechanism
+        # The chief's key on every worker, as for a request.
+        key = distribute.agreed_key(tf.distribute.get_strategy(), mechanism.secret_key)
+        self.mechanism = (mechanism if key == mechanism.secret_key
+                          else mechanism.with_secret_key(key))
         self.request = mechanism.config
-        self.secret_key = mechanism.secret_key
+        self.secret_key = key
         self.expected_batch_size = None
         self.dataset_size = None
 

@@ -7,6 +7,8 @@
   logical step.
 - `check_strategy` / `synchronises`: the `tf.distribute` strategies `fit`
   supports, and whether their replicas are all-reduced.
+- `reduce_logs`: one batch's logs, averaged over the replicas (also of
+  several workers, where Keras 3's own reduction fails).
 """
 
 import keras
@@ -49,7 +51,7 @@ class LogicalStepFunction:
         @tf.autograph.experimental.do_not_convert
         def one_batch(data):
             outputs = model.distribute_strategy.run(model.train_step, args=(data,))
-            return reduce_per_replica(outputs, model.distribute_strategy, reduction="auto")
+            return reduce_logs(outputs, model.distribute_strategy)
 
         if not model.run_eagerly:
             one_batch = tf.function(one_batch, reduce_retracing=True,
@@ -85,6 +87,30 @@ class LogicalStepFunction:
                 if last or not self._whole_steps:
                     break
         return logs
+
+
+def reduce_logs(logs, strategy):
+    """One batch's logs (per replica) as single values: their mean over the replicas.
+
+    Keras' "auto" reduction, except under several workers: there Keras 3
+    reduces each value along an axis 0 that the scalar logs do not have
+    ("Invalid reduction dimension 0 for input with 0 dimensions",
+    tensorflow#72388), and would average a vector log over its own entries.
+    The mean over the replicas, elementwise, is what Keras does on one worker.
+
+    Args:
+        logs: structure of per-replica values (or tensors), as
+            `strategy.run(train_step)` returns them.
+        strategy: the `tf.distribute` strategy of the train step.
+
+    Returns:
+        The same structure of tensors.
+    """
+    if distribute.num_workers(strategy) > 1:
+        # A collective all-reduce: every worker runs it for every batch, as
+        # every worker runs every batch's train step.
+        return tf.nest.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), logs)
+    return reduce_per_replica(logs, strategy, reduction="auto")
 
 
 class EpochBoundary(keras.callbacks.Callback):

@@ -3,12 +3,9 @@
 import dataclasses
 import os
 
-import tensorflow as tf
-
 from tfdp import checkpointing
 from tfdp import distribute
 from tfdp import privacy
-from tfdp.secret_key import SecretKey
 from tfdp.training import reporting
 
 
@@ -79,17 +76,6 @@ def read_resume_point(workdir, mechanism):
     resume_point = ResumePoint(*latest)
     check_resume(resume_point, mechanism, workdir)
     return resume_point
-
-
-def agreed_key(strategy, key):
-    """The chief's key, on every worker.
-
-    A variable created in a multi-worker strategy's scope starts from the
-    chief's value, so every host draws the same noise and batches.
-    """
-    with strategy.scope():
-        agreed = tf.Variable(key.words, dtype=tf.int64, trainable=False)
-    return SecretKey(agreed.numpy(), insecure_seed=key.insecure_seed)
 
 
 @dataclasses.dataclass

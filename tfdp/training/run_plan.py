@@ -2,6 +2,7 @@
 
 import dataclasses
 
+from tfdp import distribute
 from tfdp import dp
 from tfdp import mechanism as mechanism_lib
 from tfdp import samplers
@@ -80,14 +81,17 @@ def make_mechanism(config, sampler, *, steps, key):
 
 
 def requested_key(strategy, insecure_reproducible_seed):
-    """A fresh secret key (or an insecure seed's, loudly), the same on every worker."""
+    """A fresh secret key (or an insecure seed's, loudly), the chief's on every worker.
+
+    See `tfdp.distribute.agreed_key`.
+    """
     if insecure_reproducible_seed is None:
         key = secret_key_lib.SecretKey.generate()
     else:
         key = secret_key_lib.SecretKey.insecure_from_seed(insecure_reproducible_seed)
         reporting.log("WARNING: " + secret_key_lib.INSECURE_WARNING.format(
             seed=insecure_reproducible_seed))
-    return resume.agreed_key(strategy, key)
+    return distribute.agreed_key(strategy, key)
 
 
 @dataclasses.dataclass(frozen=True)
