@@ -11,8 +11,8 @@ same workdir resumes from the last checkpoint.
 import dataclasses
 import os
 import re
+import signal
 import sys
-import tempfile
 
 # Quiet TF's C++ start-up chatter; must precede the first TensorFlow import.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -69,7 +69,9 @@ def train(workdir, seed=0, strategy_name=None, dry_run=False, *, data_config=Non
     them all.
 
     Args:
-        workdir: str. Checkpoints, TensorBoard logs, gin configs, summary.
+        workdir: str. Checkpoints, TensorBoard logs, gin configs, summary,
+            report and model: the chief's; the other workers of a
+            multi-worker run only read its checkpoints.
         seed: int. Run seed. Defaults to 0.
         strategy_name: str. Overrides `RunConfig.strategy` (from `--strategy`).
         dry_run: bool. Plan, calibrate and time two steps on mock data of
@@ -90,6 +92,11 @@ def train(workdir, seed=0, strategy_name=None, dry_run=False, *, data_config=Non
 
     Returns:
         A dict with the final metrics, ε, δ and steps.
+
+    Raises:
+        tfdp.training.workers.LostWorkerError: a worker of a multi-worker
+            run stopped; rerunning resumes from the last checkpoint.
+        ValueError: a configuration or checkpoint that cannot run.
     """
     # Imported here, not at the top: keeps TensorFlow out of --help and of the
     # flag and gin checks that run before it (`main`).
@@ -97,7 +104,7 @@ def train(workdir, seed=0, strategy_name=None, dry_run=False, *, data_config=Non
 
     from tfdp import distribute
     from tfdp.training import dry_run as dry_run_lib, guards, loop, model_setup, outputs
-    from tfdp.training import reporting, resume, run_data, run_plan
+    from tfdp.training import reporting, resume, run_data, run_plan, workers
 
     data_config = data_config or training.DataConfig()
     model_config = model_config or training.ModelConfig()
@@ -106,54 +113,64 @@ def train(workdir, seed=0, strategy_name=None, dry_run=False, *, data_config=Non
     run = run_config or training.RunConfig()
     # Created first: MultiWorkerMirroredStrategy must exist before other TF ops.
     dist = distribute.get_strategy(strategy_name or run.strategy)
-    # Only the chief writes logs, configs, the summary and the exported model;
-    # other workers write theirs to a scratch directory.
-    out_dir = workdir if distribute.is_chief(dist) else tempfile.mkdtemp(prefix="tfdp_worker_")
-    keras.utils.set_random_seed(seed)
-    os.makedirs(workdir, exist_ok=True)
+    # Only the chief writes logs, configs, the summary, the report and the
+    # model (out_dir); another worker writes only its share of each
+    # checkpoint, into a scratch removed when it ends, and a worker lost on
+    # the way is reported in one line (`LostWorkerError`).
+    with workers.worker_run(dist, workdir) as worker:
+        out_dir = worker.out_dir
+        keras.utils.set_random_seed(seed)
+        if worker.chief:
+            os.makedirs(workdir, exist_ok=True)
 
-    data = run_data.load_run_data(
-        data_config, seed=seed, dry_run=dry_run, privacy_unit=privacy.privacy_unit,
-        report_non_dp_statistics=run.report_non_dp_statistics)
-    plan, batching = run_plan.plan_run(
-        data.train, dist, privacy=privacy, optimization=optimization, run=run, workdir=workdir,
-        read_checkpoint=not dry_run)
-    model = model_setup.build_model(dist, data.info, model_config, dry_run=dry_run,
-                                    mixed_precision=run.mixed_precision)
-    clipping_plan = run_plan.make_clipping_plan(model, batching, data.info, privacy)
-    method = clipping_plan.method if clipping_plan else privacy.clipping_method
-    step_settings = dict(method=method, weight_decay=optimization.weight_decay,
-                         augmentation_multiplicity=data_config.augmentation_multiplicity)
-    with dist.scope():
-        optimizer = model_setup.make_optimizer(optimization, plan)
-        step_fn = model_setup.make_train_step(model, optimizer, plan, batching, seed=seed,
-                                              jit_compile=run.jit_compile, **step_settings)
-    ema = model_setup.make_ema(model, model_config.ema_decay)
-    probe = guards.probe_settings(plan.mechanism, group_size=batching.group_size, **step_settings)
-    if dry_run:
-        return dry_run_lib.dry_run(model, step_fn, data.info, plan, batching,
-                                   clipping_plan=clipping_plan, probe_settings=probe)
+        data = run_data.load_run_data(
+            data_config, seed=seed, dry_run=dry_run, privacy_unit=privacy.privacy_unit,
+            report_non_dp_statistics=run.report_non_dp_statistics)
+        plan, batching = run_plan.plan_run(
+            data.train, dist, privacy=privacy, optimization=optimization, run=run,
+            workdir=workdir, read_checkpoint=not dry_run)
+        model = model_setup.build_model(dist, data.info, model_config, dry_run=dry_run,
+                                        mixed_precision=run.mixed_precision)
+        clipping_plan = run_plan.make_clipping_plan(model, batching, data.info, privacy)
+        method = clipping_plan.method if clipping_plan else privacy.clipping_method
+        step_settings = dict(method=method, weight_decay=optimization.weight_decay,
+                             augmentation_multiplicity=data_config.augmentation_multiplicity)
+        with dist.scope():
+            optimizer = model_setup.make_optimizer(optimization, plan)
+            step_fn = model_setup.make_train_step(model, optimizer, plan, batching, seed=seed,
+                                                  jit_compile=run.jit_compile, **step_settings)
+        ema = model_setup.make_ema(model, model_config.ema_decay)
+        probe = guards.probe_settings(plan.mechanism, group_size=batching.group_size,
+                                      **step_settings)
+        if dry_run:
+            return dry_run_lib.dry_run(model, step_fn, data.info, plan, batching,
+                                       clipping_plan=clipping_plan, probe_settings=probe)
 
-    # Weights, optimizer state (its iteration count is the step), ledger and,
-    # for banded noise, the last b - 1 noise tensors: a resumed run continues
-    # the same correlated noise.
-    state = resume.restore_run(workdir, dist, model, optimizer, ema, plan,
-                               noise_state=getattr(step_fn, "noise_state", None))
-    finished = reporting.finished_summary(out_dir, state.start_step, plan.budget_steps, workdir)
-    if finished is not None:
-        return finished
-    with open(os.path.join(out_dir, "config.gin"), "w") as f:
-        f.write(gin.config_str())
-    run_plan.log_run_plan(model, plan, batching, dataset=data_config.dataset,
-                          clipping_plan=clipping_plan, out_dir=out_dir)
-    adapted = guards.check_before_training(model, data.info, batching, probe)
-    reporter = reporting.make_run_reporter(out_dir, plan, state, data, adapted_state=adapted,
-                                           report_non_dp_statistics=run.report_non_dp_statistics)
-    evaluate_epoch = loop.epoch_evaluation(model, data, ema, reporter, config=run)
-    step, epsilon = loop.train_loop(dist, step_fn, ema, state, plan, batching, data, reporter,
-                                    evaluate_epoch, seed=seed, config=run)
-    return outputs.write_outputs(out_dir, model, ema, reporter, plan, state, data, steps=step,
-                                 epsilon=epsilon, config=run)
+        # Weights, optimizer state (its iteration count is the step), ledger and,
+        # for banded noise, the last b - 1 noise tensors: a resumed run continues
+        # the same correlated noise.
+        state = resume.restore_run(workdir, dist, model, optimizer, ema, plan,
+                                   noise_state=getattr(step_fn, "noise_state", None),
+                                   save_dir=worker.checkpoint_dir)
+        # The workdir's summary, on every worker: all of them stop at once.
+        finished = reporting.finished_summary(workdir, state.start_step, plan.budget_steps,
+                                              workdir)
+        if finished is not None:
+            return finished
+        if out_dir is not None:
+            with open(os.path.join(out_dir, "config.gin"), "w") as f:
+                f.write(gin.config_str())
+        run_plan.log_run_plan(model, plan, batching, dataset=data_config.dataset,
+                              clipping_plan=clipping_plan, out_dir=out_dir)
+        adapted = guards.check_before_training(model, data.info, batching, probe)
+        reporter = reporting.make_run_reporter(
+            out_dir, plan, state, data, adapted_state=adapted,
+            report_non_dp_statistics=run.report_non_dp_statistics)
+        evaluate_epoch = loop.epoch_evaluation(model, data, ema, reporter, config=run)
+        step, epsilon = loop.train_loop(dist, step_fn, ema, state, plan, batching, data,
+                                        reporter, evaluate_epoch, seed=seed, config=run)
+        return outputs.write_outputs(out_dir, model, ema, reporter, plan, state, data,
+                                     steps=step, epsilon=epsilon, config=run)
 
 
 def _quiet_startup_noise():
@@ -223,8 +240,15 @@ def main(argv):
     except ValueError as e:
         _exit_with_error(e)
     tensorflow_startup.import_tensorflow()
+    # Imported here, after TensorFlow (which it needs), not at the top: keeps
+    # TensorFlow out of --help and of the checks above.
+    from tfdp.training import workers
+
     absl_logging.set_verbosity(absl_logging.WARNING)
     _quiet_startup_noise()
+    # A preempted worker (SIGTERM) ends as an interrupted one: its scratch is
+    # removed and the message says how to resume.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     workdir, created = None, False
     try:
         config.parse(gin_files, _GIN_PARAM.value or [])
@@ -237,21 +261,29 @@ def main(argv):
         print(f"\ninterrupted: rerun the same command to resume from the last checkpoint "
               f"in {os.path.join(workdir or 'workdir', 'checkpoints')}", file=sys.stderr)
         sys.exit(130)
+    except workers.LostWorkerError as e:
+        _exit_with_error(e, code=workers.LOST_WORKER_EXIT_CODE)
     except (ValueError, FloatingPointError, MemoryError) as e:
         if created:
             _remove_unused_workdir(workdir)
         _exit_with_error(e)
 
 
-def _exit_with_error(error):
-    """One `error:` line and exit code 2 (the traceback with --traceback)."""
+def _raise_interrupt(signum, frame):
+    """SIGTERM's handler: ends the run as Ctrl-C does (`KeyboardInterrupt`)."""
+    del signum, frame
+    raise KeyboardInterrupt
+
+
+def _exit_with_error(error, code=2):
+    """One `error:` line and exit code `code` (the traceback with --traceback)."""
     if _TRACEBACK.value:
         raise error
     message = " ".join(str(error).split())
     # gin appends "In call to configurable 'x' (<function x at 0x...>)".
     message = re.sub(r"\s*In call to configurable '[^']*' \(<[^>]*>\)", "", message)
     print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(code)
 
 
 def _remove_unused_workdir(workdir):

@@ -14,8 +14,12 @@ def write_outputs(out_dir, model, ema, reporter, plan, state, data, *, steps, ep
                   config):
     """The operative config, the exported model, `summary.json` and `report.html`.
 
+    Nothing but the summary's `final:` lines where `out_dir` is None (a
+    non-chief worker).
+
     Args:
-        out_dir: str. This worker's output directory.
+        out_dir: str or None. This worker's output directory; None writes
+            no file.
         model: keras.Model. The trained model.
         ema: `tfdp.optim.ParameterEMA` or None. Exported in place of the
             parameters when given.
@@ -31,9 +35,10 @@ def write_outputs(out_dir, model, ema, reporter, plan, state, data, *, steps, ep
     Returns:
         The summary dict (`summary.json`).
     """
-    with open(os.path.join(out_dir, "operative_config.gin"), "w") as f:
-        f.write(gin.operative_config_str())
-    if config.export_model:
+    if out_dir is not None:
+        with open(os.path.join(out_dir, "operative_config.gin"), "w") as f:
+            f.write(gin.operative_config_str())
+    if config.export_model and out_dir is not None:
         model_setup.export_model(model, ema, out_dir)
     mechanism, key = plan.mechanism, plan.key
     bands = mechanism.bands if mechanism is not None else 1
@@ -52,6 +57,6 @@ def write_outputs(out_dir, model, ema, reporter, plan, state, data, *, steps, ep
         privacy_unit=privacy_unit_lib.privacy_unit_summary(
             state.ledger, steps, plan.sampler.group_size),
     )
-    if config.write_html_report:
+    if config.write_html_report and out_dir is not None:
         reporting.log(f"report: {report.write_report(out_dir)}")
     return summary

@@ -151,7 +151,8 @@ class RunReporter:
     """Console lines, TensorBoard scalars and `summary.json` of one run.
 
     Args:
-        out_dir: str. Where `tensorboard/` and `summary.json` go.
+        out_dir: str or None. Where `tensorboard/` and `summary.json` go;
+            None writes neither (a non-chief worker, which prints only).
         steps_per_epoch: float. For the epoch shown in each line.
         total_steps: int. For the "step s/T" shown in each line.
         delta: float or None (non-private). Shown beside ε.
@@ -201,7 +202,8 @@ class RunReporter:
         self.held_out = dict(held_out or {})
         self.test_held_out = "test" in self.held_out
         self.duplicates_dropped = dict(duplicates_dropped or {})
-        self.writer = tf.summary.create_file_writer(os.path.join(out_dir, "tensorboard"))
+        self.writer = (tf.summary.create_noop_writer() if out_dir is None else
+                       tf.summary.create_file_writer(os.path.join(out_dir, "tensorboard")))
         self.test_metrics = {}
         self.non_dp_metrics = {}
         self.t_start = time.time()
@@ -333,7 +335,8 @@ class RunReporter:
     def summary(self, *, epsilon, delta, steps, noise_multiplier, dataset_size,
                 validation_size, privacy_guarantee, not_private=None, privacy_unit=None,
                 bands=1, sampling_probability=None):
-        """Writes `summary.json`, prints the `final:` lines; returns the dict.
+        """Writes `summary.json` (unless `out_dir` is None), prints the `final:` lines;
+        returns the dict.
 
         Args:
             epsilon: float. ε spent.
@@ -396,8 +399,9 @@ class RunReporter:
         if self.held_out:
             summary["held_out_not_protected"] = dict(self.held_out)
         summary["not_covered_by_epsilon"] = not_covered
-        with open(os.path.join(self.out_dir, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2)
+        if self.out_dir is not None:
+            with open(os.path.join(self.out_dir, "summary.json"), "w") as f:
+                json.dump(summary, f, indent=2)
         self.writer.flush()
         if "validation_accuracy" in self.non_dp_metrics:
             log(f"final: validation_accuracy={self.non_dp_metrics['validation_accuracy']:.4f} "
@@ -427,7 +431,8 @@ def make_run_reporter(out_dir, plan, state, data, *, adapted_state, report_non_d
     """The `RunReporter` of a run about to train.
 
     Args:
-        out_dir: str. This worker's output directory.
+        out_dir: str or None. This worker's output directory; None writes
+            no file (a non-chief worker).
         plan: `tfdp.training.run_plan.RunPlan`. Steps, δ.
         state: `tfdp.training.resume.RunState`. The ledger and the step
             training starts from.

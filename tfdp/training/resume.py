@@ -93,7 +93,8 @@ class RunState:
     ledger: object
 
 
-def restore_run(workdir, strategy, model, optimizer, ema, plan, noise_state=None):
+def restore_run(workdir, strategy, model, optimizer, ema, plan, noise_state=None,
+                save_dir=None):
     """The `RunState`: restored from `plan.resume_point`, or fresh.
 
     The privacy record comes from the resume point, which was checked against
@@ -101,6 +102,27 @@ def restore_run(workdir, strategy, model, optimizer, ema, plan, noise_state=None
     optimizer, EMA and correlated-noise state (`noise_state`, the train
     step's, for a banded strategy) are restored here, from the same
     checkpoint.
+
+    Args:
+        workdir: str. Every worker restores from its `checkpoints/`.
+        strategy: `tf.distribute.Strategy` of the run.
+        model: keras.Model.
+        optimizer: keras.optimizers.Optimizer.
+        ema: `tfdp.optim.ParameterEMA` or None.
+        plan: `tfdp.training.run_plan.RunPlan`. Its resume point and ledger.
+        noise_state: list of variables or None. The train step's
+            correlated-noise state. Defaults to None.
+        save_dir: str or None. Where a non-chief worker saves: its scratch
+            (`tfdp.training.workers.WorkerOutputs.checkpoint_dir`); required
+            there. The chief saves into the workdir's `checkpoints/`.
+            Defaults to None.
+
+    Returns:
+        `RunState`.
+
+    Raises:
+        ValueError: the checkpoint's ledger and optimizer disagree on the step,
+            or a non-chief worker was given no scratch `save_dir`.
     """
     directory = os.path.join(workdir, "checkpoints")
     ckpt = checkpointing.RunCheckpoint(directory, model, optimizer, ema=ema,
@@ -109,10 +131,15 @@ def restore_run(workdir, strategy, model, optimizer, ema, plan, noise_state=None
         ckpt.restore(plan.resume_point.path)
     if not distribute.is_chief(strategy):
         # Every worker restores from the chief's checkpoints; only the chief
-        # writes them and the ledger. The others join each save into a scratch dir.
+        # writes them and the ledger. The others join each save (as
+        # MultiWorkerMirroredStrategy requires) into their own scratch.
+        if save_dir is None or save_dir == directory:
+            raise ValueError(
+                "A non-chief worker must save into its own scratch directory, not the "
+                f"chief's {directory}: pass save_dir (tfdp.training.workers.worker_run's "
+                "checkpoint_dir).")
         ckpt = checkpointing.RunCheckpoint(
-            distribute.checkpoint_dir(strategy, directory), model, optimizer, ema=ema,
-            secret_key=plan.key, noise_state=noise_state)
+            save_dir, model, optimizer, ema=ema, secret_key=plan.key, noise_state=noise_state)
     start_step = int(optimizer.iterations.numpy())
     ledger = plan.ledger
     if plan.resume_point is not None and ledger is not None:

@@ -212,14 +212,21 @@ def plan_run(train_source, strategy, *, privacy, optimization, run, workdir, rea
 
 
 def clipping_plan_headline(clipping_plan, path):
-    """One line of a `tfdp.dp.DPPlan`: the method, the rules, the memory, the table's file."""
+    """One line of a `tfdp.dp.DPPlan`: the method, the rules, the memory, the table's file.
+
+    Args:
+        clipping_plan: `tfdp.dp.DPPlan`.
+        path: str or None. The file of its per-layer table; None: written
+            by the chief alone.
+    """
     rules = {}
     for layer in clipping_plan.layers:
         rules[layer.rule] = rules.get(layer.rule, 0) + 1
     counted = ", ".join(f"{count} {rule}" for rule, count in sorted(rules.items()))
     return (f"DP plan: method={clipping_plan.method}, physical batch={clipping_plan.batch_size}: "
             f"{len(clipping_plan.layers)} layers ({counted}), estimated clipping memory "
-            f"{clipping_plan.memory_bytes / 2**20:.1f} MiB; per-layer table in {path}")
+            f"{clipping_plan.memory_bytes / 2**20:.1f} MiB; per-layer table in "
+            + (path or "the chief's clipping_plan.txt"))
 
 
 def make_clipping_plan(model, batching, info, privacy):
@@ -245,16 +252,18 @@ def log_run_plan(model, plan, batching, *, dataset, clipping_plan, out_dir):
     """The plan lines: the clipping plan, the data and steps, the privacy contract.
 
     The per-layer clipping table of `clipping_plan` (`make_clipping_plan`;
-    None for non-private runs) goes to `<out_dir>/clipping_plan.txt`, and
-    the console gets its one-line headline.
+    None for non-private runs) goes to `<out_dir>/clipping_plan.txt` (not
+    where `out_dir` is None: a non-chief worker), and the console gets its
+    one-line headline.
     """
     import os
 
     sampler, mechanism = plan.sampler, plan.mechanism
     if mechanism is not None:
-        path = os.path.join(out_dir, "clipping_plan.txt")
-        with open(path, "w") as f:
-            f.write(str(clipping_plan) + "\n")
+        path = None if out_dir is None else os.path.join(out_dir, "clipping_plan.txt")
+        if path is not None:
+            with open(path, "w") as f:
+                f.write(str(clipping_plan) + "\n")
         reporting.log(clipping_plan_headline(clipping_plan, path))
         reporting.log(clipping_plan.reason())
     reporting.log(
