@@ -17,12 +17,16 @@
 # and the privacy ledger there. RunConfig.physical_batch_size is GLOBAL (all
 # GPUs of all hosts) and must be a multiple of the total GPU count; each
 # host builds its own share of every physical batch (input_context).
-# All workers must run the same code, gin file and --seed. See
-# docs/DISTRIBUTED.md.
+# All workers must run the same code, gin file and --seed. Only the chief
+# writes the run's outputs (summary, report, model, TensorBoard); the other
+# workers write only a scratch copy of each checkpoint under $TMPDIR, removed
+# when they end. If a worker is lost, the others print one "error:" line and
+# exit with code 75: rerun this same command on every host to resume from
+# the last checkpoint. See docs/DISTRIBUTED.md.
 set -euo pipefail
 
 if [[ $# -lt 3 ]]; then
-  sed -n '2,24p' "$0" >&2
+  sed -n '2,25p' "$0" >&2
   exit 2
 fi
 HOSTS="$1"

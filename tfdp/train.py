@@ -11,7 +11,6 @@ same workdir resumes from the last checkpoint.
 import dataclasses
 import os
 import re
-import signal
 import sys
 
 # Quiet TF's C++ start-up chatter; must precede the first TensorFlow import.
@@ -246,9 +245,6 @@ def main(argv):
 
     absl_logging.set_verbosity(absl_logging.WARNING)
     _quiet_startup_noise()
-    # A preempted worker (SIGTERM) ends as an interrupted one: its scratch is
-    # removed and the message says how to resume.
-    signal.signal(signal.SIGTERM, _raise_interrupt)
     workdir, created = None, False
     try:
         config.parse(gin_files, _GIN_PARAM.value or [])
@@ -267,12 +263,6 @@ def main(argv):
         if created:
             _remove_unused_workdir(workdir)
         _exit_with_error(e)
-
-
-def _raise_interrupt(signum, frame):
-    """SIGTERM's handler: ends the run as Ctrl-C does (`KeyboardInterrupt`)."""
-    del signum, frame
-    raise KeyboardInterrupt
 
 
 def _exit_with_error(error, code=2):

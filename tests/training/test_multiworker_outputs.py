@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import types
 
@@ -130,6 +131,18 @@ def test_a_non_chief_scratch_goes_when_the_run_fails(two_workers, tmp_path, erro
             assert os.path.isdir(worker.checkpoint_dir)
             raise error
     assert os.listdir(two_workers) == []
+
+
+@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(),
+                    reason="signal handlers are set from the main thread only")
+def test_sigterm_interrupts_the_run_and_removes_the_scratch(two_workers, tmp_path):
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):
+        with workers.worker_run(_strategy(1), str(tmp_path / "run")):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # The handler runs at once, in this thread.
+    assert os.listdir(two_workers) == []
+    assert signal.getsignal(signal.SIGTERM) == before
 
 
 def test_a_rerun_removes_what_a_killed_worker_left(two_workers, tmp_path):

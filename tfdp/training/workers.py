@@ -19,8 +19,10 @@ import hashlib
 import os
 import re
 import shutil
+import signal
 import stat
 import tempfile
+import threading
 
 import tensorflow as tf
 
@@ -151,8 +153,14 @@ def _reason(text, width=160):
     said = [line for line in lines if _LOST_WORKER_TEXT.search(line)]
     plain = [line for line in lines if not re.match(
         r"(Graph execution error|Detected at node|File |\^|Additional GRPC)", line)]
-    reason = (said or plain or lines or ["no message"])[0]
+    reason = (said or plain or lines or ["no message"])[0].rstrip(" :")
     return reason[:width].rstrip() + ("..." if len(reason) > width else "")
+
+
+def _interrupt(signum, frame):
+    """SIGTERM's handler in `worker_run`: ends the block as Ctrl-C does."""
+    del signum, frame
+    raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
@@ -160,8 +168,11 @@ def worker_run(strategy, workdir):
     """Yields this process's `WorkerOutputs`; cleans up and reports a lost worker at its end.
 
     A non-chief worker's scratch is removed when the block ends, normally or
-    by an exception (a KeyboardInterrupt included). A lost-worker error of a
-    run of several workers is raised as `LostWorkerError`.
+    by an exception. SIGTERM (a preemption) raises KeyboardInterrupt in the
+    block, as Ctrl-C does: MultiWorkerMirroredStrategy's coordination service
+    takes SIGTERM over when it starts, and a worker would otherwise run on,
+    until SIGKILL, with no chance to clean up. A lost-worker error of a run
+    of several workers is raised as `LostWorkerError`.
 
     Args:
         strategy: `tf.distribute.Strategy` of the run.
@@ -185,6 +196,9 @@ def worker_run(strategy, workdir):
             scratch = directory = scratch_dir(workdir, task_type, task_id)
             _claim_scratch(scratch)
         outputs = WorkerOutputs(chief=False, out_dir=None, checkpoint_dir=directory)
+    # Signal handlers can only be set from the main thread.
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _interrupt) if main_thread else None
     try:
         yield outputs
     except tf.errors.OpError as e:
@@ -193,5 +207,7 @@ def worker_run(strategy, workdir):
             raise
         raise LostWorkerError(message) from e  # The cause: for --traceback.
     finally:
+        if main_thread:  # None: a handler set outside Python, not restorable.
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
