@@ -36,6 +36,7 @@ import keras  # noqa: E402
 
 import tfdp  # noqa: E402
 from tfdp import secret_key as secret_key_lib  # noqa: E402
+from tfdp.keras import train_function  # noqa: E402
 
 N = 256
 PHYSICAL = 16  # Global rows per physical batch: 8 per worker.
@@ -117,8 +118,14 @@ def run(strategy, scenario, out_path):
         model = RecordingModel(inner_model(key == "secret"))
         model.compile(optimizer=optimizer(route, key, options),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    validation = {}
+    if key == "seeded":
+        validation["validation_data"] = (x[:64], y[:64])
+        if train_function.reduces_over_workers(strategy):
+            # Keras 3's own test function fails under several workers.
+            model.test_function = train_function.WorkerMeanTestFunction(model)
     before = [w.numpy() for w in model.model.trainable_variables]
-    model.fit(x, y, batch_size=PHYSICAL, epochs=epochs, verbose=0)
+    history = model.fit(x, y, batch_size=PHYSICAL, epochs=epochs, verbose=0, **validation)
     epsilon = model.describe_epsilon()
     print(f"{scenario}: {epsilon}", flush=True)
     out = {
@@ -129,6 +136,7 @@ def run(strategy, scenario, out_path):
         "batch_size": float(model.optimizer.logical_batch_size),
         "sigma": float(model.optimizer.noise_multiplier),
         "clip": float(model.optimizer.l2_norm_clip),
+        "val_loss": np.array(history.history.get("val_loss", [])),
     }
     for i, (w0, w) in enumerate(zip(before, model.model.trainable_variables)):
         out[f"before{i}"] = w0

@@ -16,7 +16,10 @@ and each adds `noise / R` of its own draw (the noise std σ·C/√W).
   insecure public key, the one-process weights, rows and ε; (b) with a fresh
   secret key per process and zero gradients, an update of std σ·C/B per step
   (noise drawn once); (c) no example twice in a logical step, and each
-  worker's share of one sample; (d) the same ε printed by both workers.
+  worker's share of one sample; (d) the same ε printed by both workers. The
+  seeded runs also validate (`fit(validation_data=...)`) with the workers'
+  mean (`tfdp.keras.train_function.WorkerMeanTestFunction`), which Keras 3's
+  own test function cannot compute there (tensorflow#72388).
 """
 
 import json
@@ -233,6 +236,11 @@ class TestTwoWorkers:
         moved = max(np.abs(a - b).max() for a, b in zip(_weights(one, "after"),
                                                         _weights(one, "before")))
         assert moved > 1e-2  # Trained, so the equality says something.
+        # The validation loss, averaged over the workers' shards
+        # (`train_function.WorkerMeanTestFunction`), is the one-process loss.
+        assert one["val_loss"].size == 1
+        np.testing.assert_allclose(w0["val_loss"], one["val_loss"], rtol=1e-5)
+        np.testing.assert_allclose(w1["val_loss"], one["val_loss"], rtol=1e-5)
         # Each step's rows: the one-process step's, split between the workers.
         rows, rows0, rows1 = _rows(one), _rows(w0), _rows(w1)
         assert sorted(rows) == sorted(rows0) == sorted(rows1)

@@ -8,7 +8,9 @@
 - `check_strategy` / `synchronises`: the `tf.distribute` strategies `fit`
   supports, and whether their replicas are all-reduced.
 - `reduce_logs`: one batch's logs, averaged over the replicas (also of
-  several workers, where Keras 3's own reduction fails).
+  several workers, where Keras 3's own reduction fails), and
+  `WorkerMeanTestFunction`, Keras' test function with that reduction, for
+  `evaluate` (and `fit`'s validation) under several workers.
 """
 
 import keras
@@ -106,11 +108,61 @@ def reduce_logs(logs, strategy):
     Returns:
         The same structure of tensors.
     """
-    if distribute.num_workers(strategy) > 1:
+    if reduces_over_workers(strategy):
         # A collective all-reduce: every worker runs it for every batch, as
         # every worker runs every batch's train step.
         return tf.nest.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), logs)
     return reduce_per_replica(logs, strategy, reduction="auto")
+
+
+def reduces_over_workers(strategy):
+    """Whether `strategy` has several workers, whose logs `reduce_logs` averages itself."""
+    return distribute.num_workers(strategy) > 1
+
+
+class WorkerMeanTestFunction:
+    """Keras' test function, with the logs averaged by `reduce_logs`.
+
+    Under several workers Keras 3's own test function fails on the scalar
+    logs as its train function does (tensorflow#72388); `DPModel` uses this
+    one there (`reduces_over_workers`). Each call runs up to the model's
+    `steps_per_execution` batches of the iterator, and raises
+    `StopIteration` when it has none left, as Keras' own.
+
+    Args:
+        model: `keras.Model`. Its `test_step` runs each batch.
+    """
+
+    def __init__(self, model):
+        self._model = model
+        strategy = model.distribute_strategy
+
+        # As Keras' own test function: the test step is traced as written.
+        @tf.autograph.experimental.do_not_convert
+        def one_batch(data):
+            # Keras' adapters mark an absent element (e.g. no sample weight)
+            # with an empty Optional: the step takes None.
+            data = tf.nest.map_structure(
+                lambda t: None if isinstance(t, tf.experimental.Optional) else t, data)
+            return reduce_logs(strategy.run(model.test_step, args=(data,)), strategy)
+
+        if not model.run_eagerly:
+            one_batch = tf.function(one_batch, reduce_retracing=True,
+                                    jit_compile=model.jit_compile)
+        self._one_batch = one_batch
+
+    def __call__(self, iterator):
+        logs = None
+        for _ in range(self._model.steps_per_execution):
+            # On a distributed iterator every worker learns together that
+            # the data has ended, so all run the same batches.
+            batch = iterator.get_next_as_optional()
+            if not bool(batch.has_value()):
+                break
+            logs = self._one_batch(batch.get_value())
+        if logs is None:
+            raise StopIteration
+        return logs
 
 
 class EpochBoundary(keras.callbacks.Callback):
