@@ -18,6 +18,7 @@ import dataclasses
 
 import numpy as np
 
+from tfdp import validation
 from tfdp.data import data_source
 from tfdp.data import dataset_splits
 from tfdp.data import duplicates
@@ -73,7 +74,12 @@ class ImageDataKind(registry.DatasetKind):
 
 
 def check_labels(splits_by_name, num_classes):
-    """`num_classes`, checked against the labels of every split.
+    """`num_classes`, checked against the labels of every split by the engine's rule.
+
+    Each split's labels must be class indices in `[0, num_classes)`
+    (`tfdp.validation.validate_labels`, the rule of every route), and the
+    training labels must hold two classes at least. The errors count
+    labels; they never show one, since labels are private.
 
     Args:
         splits_by_name: dict. Split -> source with `labels`, or None.
@@ -84,27 +90,26 @@ def check_labels(splits_by_name, num_classes):
 
     Raises:
         ValueError: for a label outside `[0, num_classes)` or training data
-            of a single class (counts only, and one label value).
+            of a single class.
     """
     train_labels = splits_by_name["train"].labels
-    present = np.unique(train_labels)
     if num_classes is None:
-        num_classes = int(train_labels.max()) + 1
+        # At least 1, so that negative labels are counted as such below.
+        num_classes = max(int(train_labels.max()) + 1, 1)
     for name, source in splits_by_name.items():
         if source is None:
             continue
-        labels = source.labels
-        bad = labels[(labels < 0) | (labels >= num_classes)]
-        if bad.size:
+        try:
+            validation.validate_labels(source.labels, num_classes, name=f"{name} labels")
+        except ValueError as error:
             raise ValueError(
-                f"Labels must be in [0, num_classes={num_classes}); set "
-                "load_dataset.num_classes if the training labels miss a class. "
-                f"Received: {bad.size} {name} labels out of range, e.g. {int(bad[0])}"
-            )
-    if present.size < 2:
+                "Every label must name one of load_dataset.num_classes classes (set it if the "
+                f"training labels miss a class): {error}") from None
+    present = np.unique(train_labels).size
+    if present < 2:
         raise ValueError(
             "A classifier needs at least two classes in the training data. "
-            f"Received: every training label is {int(present[0])}"
+            f"Received: {train_labels.size} training labels, all of {present} class"
         )
     return num_classes
 
