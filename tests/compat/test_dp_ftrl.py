@@ -10,6 +10,7 @@ import tensorflow as tf
 from dp_accounting import rdp as dp_rdp
 
 import tfdp
+from tests.compat import custom_loop_models as models
 from tests.keras.keras_test_case import digits
 from tests.keras.keras_test_case import tiny_model
 from tfdp.compat import tensorflow_privacy
@@ -212,12 +213,13 @@ def test_dp_ftrl_learns_digits():
 def test_custom_loop_minimize_follows_the_noisy_prefix_sum():
     # Zero gradients (a constant loss): after n steps of plain SGD the weights
     # moved by -lr · cum(n) / B, the tree's prefix noise, here n = 3 = 2 + 1.
-    var = tf.Variable(tf.zeros([5]))
+    model, (var,) = models.offsets_model(np.zeros([5]))
     opt = tensorflow_privacy.DPFTRLTreeAggregationOptimizer(
-        1.0, 2.0, [var], noise_seed=5, learning_rate=0.5)
+        1.0, 2.0, model, noise_seed=5, learning_rate=0.5)
+    opt.declare_model(model, models.zero_loss)
     for _ in range(3):
         with tf.GradientTape() as tape:
-            loss = 0.0 * tf.reduce_sum(var) * tf.ones([4])
+            loss = models.zero_loss(None, model(tf.zeros([4, 5])))
         opt.minimize(loss, [var], tape=tape)
     key = opt.mechanism_builder.secret_key.derive("noise")
     like = [tf.zeros([5])]
@@ -284,16 +286,18 @@ def test_prefix_noise_after_u_steps_of_k_leaves_is_the_tree_at_leaf_u_k():
 def test_accumulation_without_noise_is_tf_privacys_update():
     # TF-Privacy's testLargeBatchEmulationNoNoise: the update after k = 2
     # batches is the mean of their mean clipped gradients.
-    var0, var1 = tf.Variable([[1.0, 2.0]]), tf.Variable([3.0])
+    # TF-Privacy's loss var0·xᵀ + var1 of each row: a Dense layer's output.
+    model, (var0, var1) = models.linear_model([[1.0, 2.0]], [3.0])
     x1 = tf.constant([[2.0, 0.0], [0.0, 1.0]])
     x2 = tf.constant([[4.0, 2.0], [2.0, 1.0]])
     opt = tensorflow_privacy.DPFTRLTreeAggregationOptimizer(
-        100.0, 0.0, [var0, var1], gradient_accumulation_steps=2, learning_rate=1.0)
+        100.0, 0.0, model, gradient_accumulation_steps=2, learning_rate=1.0)
+    opt.declare_model(model, models.prediction)
     expected = [([[1.0, 2.0]], [3.0], 0), ([[-1.0, 1.0]], [2.0], 1),
                 ([[-1.0, 1.0]], [2.0], 1), ([[-4.0, -0.5]], [1.0], 2)]
     for x, (w0, w1, updates) in zip([x1, x2, x2, x2], expected):
-        opt.minimize(lambda: tf.matmul(var0, x, transpose_b=True) + var1, [var0, var1])
-        np.testing.assert_allclose(var0.numpy(), w0, rtol=1e-6)
+        opt.minimize(lambda: models.prediction(None, model(x)), [var0, var1])
+        np.testing.assert_allclose(var0.numpy().T, w0, rtol=1e-6)
         np.testing.assert_allclose(var1.numpy(), w1, rtol=1e-6)
         assert int(opt.iterations) == updates
 
@@ -301,12 +305,13 @@ def test_accumulation_without_noise_is_tf_privacys_update():
 def test_custom_loop_with_accumulation_applies_the_leaves_prefix_noise():
     # Zero gradients, k = 2 batches of 4 rows: after 3 updates the weights
     # moved by -lr · cum(6) / (k · 4), the prefix noise of 6 leaves.
-    var = tf.Variable(tf.zeros([5]))
+    model, (var,) = models.offsets_model(np.zeros([5]))
     opt = tensorflow_privacy.DPFTRLTreeAggregationOptimizer(
-        1.0, 2.0, [var], gradient_accumulation_steps=2, noise_seed=5, learning_rate=0.5)
+        1.0, 2.0, model, gradient_accumulation_steps=2, noise_seed=5, learning_rate=0.5)
+    opt.declare_model(model, models.zero_loss)
     for _ in range(6):
         with tf.GradientTape() as tape:
-            loss = 0.0 * tf.reduce_sum(var) * tf.ones([4])
+            loss = models.zero_loss(None, model(tf.zeros([4, 5])))
         opt.minimize(loss, [var], tape=tape)
     key = opt.mechanism_builder.secret_key.derive("noise")
     like = [tf.zeros([5])]

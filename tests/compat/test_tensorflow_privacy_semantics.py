@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 import tfdp
+from tests.compat import custom_loop_models as models
 from tfdp.compat import tensorflow_privacy
 
 
@@ -56,19 +57,16 @@ def test_multi_dimensional_output_trains(num_microbatches):
 
 # ----------------------------------------------------------------------
 # Custom training loops: minimize / _compute_gradients with a loss vector.
+# TF-Privacy's tests use bare variables; here they are the weights of a
+# model the loop declares (`declare_model`), as tfdp's custom loop requires.
 # ----------------------------------------------------------------------
 
 
-def _squared(data, var):
-    """Per-example loss whose gradient in `var` is var - data."""
-    return 0.5 * tf.reduce_sum(tf.math.squared_difference(data, var), axis=1)
-
-
 def _two_variables():
-    var0, var1 = tf.Variable([1.0, 2.0]), tf.Variable([3.0])
-    data0 = tf.constant([[3.0, 4.0], [5.0, 6.0], [7.0, 8.0], [-1.0, 0.0]])
-    data1 = tf.constant([[8.0], [2.0], [3.0], [1.0]])
-    return var0, var1, lambda: _squared(data0, var0) + _squared(data1, var1)
+    """`(var0, var1, loss, model)`: per row 0.5·‖data0 − var0‖² + 0.5·‖data1 − var1‖²."""
+    model, (var0, var1) = models.offsets_model([1.0, 2.0], [3.0])
+    data = tf.constant([[3.0, 4.0, 8.0], [5.0, 6.0, 2.0], [7.0, 8.0, 3.0], [-1.0, 0.0, 1.0]])
+    return var0, var1, lambda: models.half_squared_norm(None, model(data)), model
 
 
 @pytest.mark.parametrize("cls, num_microbatches", [
@@ -78,9 +76,10 @@ def _two_variables():
     (tensorflow_privacy.VectorizedDPKerasAdagradOptimizer, 4),
 ])
 def test_compute_gradients_of_a_callable_or_taped_loss(cls, num_microbatches):
-    var0, var1, loss = _two_variables()
+    var0, var1, loss, model = _two_variables()
     optimizer = cls(l2_norm_clip=100.0, noise_multiplier=0.0,
                     num_microbatches=num_microbatches, learning_rate=2.0)
+    optimizer.declare_model(model, models.half_squared_norm)
     grads = optimizer._compute_gradients(loss, [var0, var1])
     np.testing.assert_allclose(grads[0][0], [-2.5, -2.5], rtol=1e-6)
     np.testing.assert_allclose(grads[1][0], [-0.5], rtol=1e-6)
@@ -95,15 +94,16 @@ def test_compute_gradients_of_a_callable_or_taped_loss(cls, num_microbatches):
 
 @pytest.mark.parametrize("num_microbatches", [1, 2, 4])
 def test_microbatch_gradients_are_clipped_then_averaged(num_microbatches):
-    var0, var1 = tf.Variable([1.0, 2.0]), tf.Variable([3.0])
+    model, (var0, var1) = models.offsets_model([1.0, 2.0], [3.0])
     data0 = np.array([[3.0, 6.0], [5.0, 6.0], [4.0, 8.0], [-1.0, 0.0]], np.float32)
     data1 = np.array([[8.0], [2.0], [3.0], [1.0]], np.float32)
     clip = 2.5
     optimizer = tensorflow_privacy.DPKerasSGDOptimizer(
         l2_norm_clip=clip, noise_multiplier=0.0, num_microbatches=num_microbatches,
-        learning_rate=2.0)
+        learning_rate=2.0).declare_model(model, models.half_squared_norm)
+    data = np.concatenate([data0, data1], axis=1)
     grads = optimizer._compute_gradients(
-        lambda: _squared(data0, var0) + _squared(data1, var1), [var0, var1])
+        lambda: models.half_squared_norm(None, model(data)), [var0, var1])
     per_example = np.concatenate([var0.numpy() - data0, var1.numpy() - data1], axis=1)
     means = per_example.reshape(num_microbatches, -1, 3).mean(axis=1)
     norms = np.linalg.norm(means, axis=1, keepdims=True)
@@ -113,17 +113,18 @@ def test_microbatch_gradients_are_clipped_then_averaged(num_microbatches):
 
 
 def test_minimize_accumulates_and_applies_through_the_wrapped_optimizer():
-    var0, var1 = tf.Variable([[1.0, 2.0]]), tf.Variable([3.0])
+    # TF-Privacy's loss var0·xᵀ + var1 of each row: a Dense layer's output.
+    model, (var0, var1) = models.linear_model([[1.0, 2.0]], [3.0])
     x1 = tf.constant([[2.0, 0.0], [0.0, 1.0]])
     x2 = tf.constant([[4.0, 2.0], [2.0, 1.0]])
     optimizer = tensorflow_privacy.DPKerasSGDOptimizer(
         l2_norm_clip=100.0, noise_multiplier=0.0, gradient_accumulation_steps=2,
-        learning_rate=1.0)
+        learning_rate=1.0).declare_model(model, models.prediction)
     expected = [([[1.0, 2.0]], [3.0], 0), ([[-1.0, 1.0]], [2.0], 1),
                 ([[-1.0, 1.0]], [2.0], 1), ([[-4.0, -0.5]], [1.0], 2)]
     for x, (w0, w1, steps) in zip([x1, x2, x2, x2], expected):
-        optimizer.minimize(lambda: tf.matmul(var0, x, transpose_b=True) + var1, [var0, var1])
-        np.testing.assert_allclose(var0.numpy(), w0, rtol=1e-6)
+        optimizer.minimize(lambda: models.prediction(None, model(x)), [var0, var1])
+        np.testing.assert_allclose(var0.numpy().T, w0, rtol=1e-6)
         np.testing.assert_allclose(var1.numpy(), w1, rtol=1e-6)
         assert int(optimizer.iterations) == steps
     with pytest.raises(ValueError, match="gradient_accumulation_steps"):
@@ -131,12 +132,14 @@ def test_minimize_accumulates_and_applies_through_the_wrapped_optimizer():
 
 
 def test_noise_is_fresh_for_each_release_and_accounted():
-    var = tf.Variable(tf.zeros([2000]))
+    model, (var,) = models.offsets_model(np.zeros([2000]))
     data = tf.zeros([16, 2000])
     optimizer = tensorflow_privacy.DPKerasSGDOptimizer(
         l2_norm_clip=4.0, noise_multiplier=1.0, num_microbatches=4, learning_rate=2.0)
-    first = optimizer._compute_gradients(lambda: _squared(data, var), [var])[0][0].numpy()
-    second = optimizer._compute_gradients(lambda: _squared(data, var), [var])[0][0].numpy()
+    optimizer.declare_model(model, models.half_squared_norm)
+    loss = lambda: models.half_squared_norm(None, model(data))  # noqa: E731
+    first = optimizer._compute_gradients(loss, [var])[0][0].numpy()
+    second = optimizer._compute_gradients(loss, [var])[0][0].numpy()
     # std sigma * C / microbatches, and no two releases share noise.
     assert np.std(first) == pytest.approx(1.0, rel=0.1)
     assert abs(np.corrcoef(first, second)[0, 1]) < 0.1
@@ -157,6 +160,7 @@ def test_custom_loop_trains_a_model_in_a_tf_function():
     optimizer = tensorflow_privacy.DPKerasSGDOptimizer(
         l2_norm_clip=100.0, noise_multiplier=0.0, learning_rate=0.1)
     loss_fn = keras.losses.MeanSquaredError(reduction=None)
+    optimizer.declare_model(model, loss_fn)
 
     @tf.function
     def train_step(xb, yb):
@@ -198,9 +202,10 @@ def test_apply_without_dp_gradients_raises_an_assertion_and_runtime_error(cls):
 
 
 def test_apply_gradients_applies_the_released_gradients_once():
-    var0, var1, loss = _two_variables()
+    var0, var1, loss, model = _two_variables()
     optimizer = tensorflow_privacy.DPKerasSGDOptimizer(
         l2_norm_clip=100.0, noise_multiplier=1.0, num_microbatches=2, learning_rate=2.0)
+    optimizer.declare_model(model, models.half_squared_norm)
     grads_and_vars = optimizer._compute_gradients(loss, [var0, var1])
     assert int(optimizer.iterations) == 1
     # Gradients derived from the released ones are not the released ones.
@@ -221,16 +226,18 @@ def test_apply_gradients_applies_the_released_gradients_once():
 
 
 def test_released_gradients_apply_in_a_tf_function_with_adams_step_count():
-    var = tf.Variable([1.0, 2.0])
+    # Each of 2 rows: ‖0 − var‖² = ‖var‖², whose gradient is 2·var.
+    model, (var,) = models.offsets_model([1.0, 2.0])
     optimizer = tensorflow_privacy.DPKerasAdamOptimizer(
         l2_norm_clip=100.0, noise_multiplier=0.0, learning_rate=0.1)
+    optimizer.declare_model(model, models.squared_norm)
     plain = keras.optimizers.Adam(learning_rate=0.1)
     twin = tf.Variable([1.0, 2.0])
 
     @tf.function
     def step():
         with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(var * var) * tf.ones([2])
+            loss = models.squared_norm(None, model(tf.zeros([2, 2])))
         optimizer.apply_gradients(optimizer._compute_gradients(loss, [var], tape=tape))
 
     for _ in range(3):
@@ -243,11 +250,27 @@ def test_released_gradients_apply_in_a_tf_function_with_adams_step_count():
 
 @pytest.mark.parametrize("to_zero", [False, True])
 def test_unconnected_gradients(to_zero):
-    used, unused = tf.Variable([1.0]), tf.Variable([2.0])
+    class Scale(keras.layers.Layer):
+        """x · used; `unused` (a variable of the model the loss does not reach) is not read."""
+
+        def build(self, input_shape):
+            self.used = self.add_weight(shape=(1,), initializer="ones", name="used")
+            # Not trainable: tfdp's clipping engine, which the probe runs,
+            # takes only trainable variables that the loss reaches.
+            self.unused = self.add_weight(
+                shape=(1,), initializer=keras.initializers.Constant(2.0), name="unused",
+                trainable=False)
+
+        def call(self, x):
+            return x * self.used
+
+    model = keras.Sequential([keras.Input((1,)), Scale()])
+    used, unused = model.layers[0].used, model.layers[0].unused
     optimizer = tensorflow_privacy.VectorizedDPKerasSGDOptimizer(
         l2_norm_clip=1.0, noise_multiplier=0.0, unconnected_gradients_to_zero=to_zero,
-        learning_rate=1.0)
-    loss = lambda: tf.stack([used[0] * 1.0, used[0] * 2.0])  # noqa: E731
+        learning_rate=1.0).declare_model(model, models.prediction)
+    # The rows used·1 and used·2, as TF-Privacy's test.
+    loss = lambda: models.prediction(None, model(tf.constant([[1.0], [2.0]])))  # noqa: E731
     if not to_zero:
         with pytest.raises(ValueError, match="unconnected_gradients_to_zero=True"):
             optimizer.minimize(loss, [used, unused])

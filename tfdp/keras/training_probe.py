@@ -53,18 +53,46 @@ def probe_before_training(model, optimizer, per_example_loss, x, y, group=1, *, 
     if y is None:
         return
     x, y = tf.convert_to_tensor(x), tf.convert_to_tensor(y)
+    probe_shapes(model, optimizer, per_example_loss, tf.TensorSpec(x.shape[1:], x.dtype),
+                 tf.TensorSpec(y.shape[1:], y.dtype), group, rows=rows, method=method)
+
+
+def probe_shapes(model, optimizer, per_example_loss, example_spec, target_spec, group=1, *,
+                 rows, method):
+    """`probe_before_training` from one example's input and target specs, not a batch.
+
+    For a route that sees no batch before it releases (the TF-Privacy
+    custom loop, which is handed a loss vector): the probe batch is drawn
+    from the specs alone, as `probe_before_training`'s from a batch.
+
+    Args:
+        model: keras.Model. The model trained.
+        optimizer: `DPOptimizer`. Its `l2_norm_clip` and `weight_decay`.
+        per_example_loss: callable. `(y_true, y_pred) -> [B]`.
+        example_spec: `tf.TensorSpec`. One example's input (no batch axis).
+        target_spec: `tf.TensorSpec`. One example's target (no batch axis).
+        group: int. Rows clipped together. Defaults to 1.
+        rows: int or None. The physical batch size.
+        method: str. The resolved clipping method.
+
+    Raises:
+        ValueError: naming the layer or the loss that mixes examples or
+            writes state from the batch, or the method that does not bound
+            the model.
+    """
     rows = max(int(rows or 0), model_probe.MIN_PROBE_ROWS)
     rows += (-rows) % group
     # Unknown dimensions (e.g. a sequence length) are probed at 8.
-    x_shape = tuple(8 if d is None else int(d) for d in x.shape[1:])
-    y_shape = tuple(8 if d is None else int(d) for d in y.shape[1:])
-    key = (id(model), id(per_example_loss), rows, method, group, x_shape, x.dtype.name,
-           y_shape, y.dtype.name, optimizer.l2_norm_clip, optimizer.weight_decay)
+    x_shape = tuple(8 if d is None else int(d) for d in example_spec.shape)
+    y_shape = tuple(8 if d is None else int(d) for d in target_spec.shape)
+    x_dtype, y_dtype = tf.as_dtype(example_spec.dtype), tf.as_dtype(target_spec.dtype)
+    key = (id(model), id(per_example_loss), rows, method, group, x_shape, x_dtype.name,
+           y_shape, y_dtype.name, optimizer.l2_norm_clip, optimizer.weight_decay)
     def run():
         # Before the first update: state set before training (an adapted
         # Normalization's mean) is released as it is, not covered by ε.
         adapted_state.warn_adapted_state(model)
-        batch = sensitivity.synthetic_batch(model, rows, x_shape, x.dtype, y_shape, y.dtype)
+        batch = sensitivity.synthetic_batch(model, rows, x_shape, x_dtype, y_shape, y_dtype)
         sensitivity.probe_training(
             model, per_example_loss, batch, optimizer.l2_norm_clip, method,
             weight_decay=optimizer.weight_decay, augmentation_multiplicity=group)

@@ -175,6 +175,9 @@ class DPKerasOptimizer(DPOptimizer):
         self.custom_loop_rows = None
         # The noised gradients `_compute_gradients` last returned, until applied.
         self.released_gradients = None
+        # The model and loss a custom loop trains (`declare_model`), probed
+        # before its first release.
+        self.declared_model = None
 
     @staticmethod
     def accumulation_noise_scale(k):
@@ -256,6 +259,40 @@ class DPKerasOptimizer(DPOptimizer):
     # ------------------------------------------------------------------
     # A custom training loop (TF-Privacy's loss vector and tape).
     # ------------------------------------------------------------------
+
+    def declare_model(self, model, loss=None, *, input_spec=None, target_spec=None):
+        """Declares the Keras model and per-example loss of a custom loop (required).
+
+        Before its first release a custom loop runs the training probe of
+        every route (`tfdp.dp.sensitivity.probe_training`) on this model and
+        loss, with random inputs (never the training data) at the batch size
+        of the loss vector: a layer or a loss that mixes examples, or a
+        layer that writes state from the batch, is refused, naming it,
+        before any update. `minimize` and `_compute_gradients` refuse to run
+        undeclared, or with a variable the model does not train. The loss
+        vector handed to them must be this loss of this model's outputs,
+        row by row (`tfdp.compat.tensorflow_privacy.custom_loop`).
+
+        Args:
+            model: keras.Model. The model whose trainable variables the loop
+                updates.
+            loss: a Keras loss, its name, or `(y_true, y_pred) -> [B]`.
+                Defaults to None: the model's compiled loss.
+            input_spec: `tf.TensorSpec` of a batch of inputs, or None: the
+                model's `keras.Input`. Needed for a model without one.
+            target_spec: `tf.TensorSpec` of a batch of targets, or None:
+                class ids for a sparse loss, else float32 shaped like the
+                model's output.
+
+        Returns:
+            The optimizer, so that `opt = DPKerasSGDOptimizer(...).declare_model(model, loss)`.
+
+        Raises:
+            ValueError: for a model that is not a Keras model, no loss, or
+                no input shape.
+        """
+        self.declared_model = custom_loop.declare_model(model, loss, input_spec, target_spec)
+        return self
 
     def minimize(self, loss, var_list, tape=None):
         """One DP-SGD batch of a custom loop: clip, accumulate, noise, apply.
