@@ -10,7 +10,7 @@
 - `reduce_logs`: one batch's logs, averaged over the replicas (also of
   several workers, where Keras 3's own reduction fails), and
   `WorkerMeanTestFunction`, Keras' test function with that reduction, for
-  `evaluate` (and `fit`'s validation) under several workers.
+  `fit`'s validation under several workers.
 """
 
 import keras
@@ -124,10 +124,13 @@ class WorkerMeanTestFunction:
     """Keras' test function, with the logs averaged by `reduce_logs`.
 
     Under several workers Keras 3's own test function fails on the scalar
-    logs as its train function does (tensorflow#72388); `DPModel` uses this
-    one there (`reduces_over_workers`). Each call runs up to the model's
-    `steps_per_execution` batches of the iterator, and raises
-    `StopIteration` when it has none left, as Keras' own.
+    logs as its train function does (tensorflow#72388), so `fit` with
+    validation data fails there at the first epoch's end. Set a private
+    model's `test_function` to this one after `compile` where
+    `reduces_over_workers` (`DPModel.make_test_function` does not yet). Each
+    call runs up to the model's `steps_per_execution` batches of the
+    iterator, and raises `StopIteration` when it has none left, as Keras'
+    own.
 
     Args:
         model: `keras.Model`. Its `test_step` runs each batch.
