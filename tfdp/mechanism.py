@@ -244,11 +244,26 @@ class DPSGD:
         """ε after `steps` logical steps, at this contract's δ."""
         return self.ledger(steps).epsilon()
 
-    def budget_steps(self, planned_steps):
-        """The steps that fit the target ε (all of them without a target)."""
+    def budget_steps(self, planned_steps, sensitivity=1):
+        """The steps that fit the target ε (all of them without a target).
+
+        Every route that runs this contract releases no step beyond it: the
+        trainer's plan (`tfdp.training.run_plan`) and Keras `fit`
+        (`tfdp.keras.fit_ledger.budget_steps`, for the steps it accounts).
+
+        Args:
+            planned_steps: int. The logical steps the route plans, in all.
+            sensitivity: float. As `ledger`: how far one privacy unit moves
+                a clipped sum, in units of C. Defaults to `1`.
+
+        Returns:
+            An int: `planned_steps`, or fewer where the target ε allows
+            fewer (0 where it allows none).
+        """
         if self.target_epsilon is None:
             return planned_steps
-        return min(planned_steps, self.ledger().max_steps_within(self.target_epsilon))
+        within = self.ledger(sensitivity=sensitivity).max_steps_within(self.target_epsilon)
+        return min(planned_steps, within)
 
     def check_checkpoint(self, record, saved_key, where):
         """Refuses a checkpoint written under another contract.

@@ -28,6 +28,7 @@ from tfdp.dp import layer_taps
 from tfdp.keras import fit_inputs
 from tfdp.keras import fit_plan as fit_plan_lib
 from tfdp.keras import private_update
+from tfdp.keras import release_guard
 from tfdp.keras import train_function
 from tfdp.keras.dp_optimizer import DPOptimizer
 from tfdp.keras.per_example_loss import per_example_loss_fn
@@ -173,6 +174,16 @@ class DPModel(keras.Model):
         In every case a logical step never spans two epochs: an unfinished
         step is discarded, unreleased, at each epoch start.
 
+        Whatever the route (`tfdp.keras.release_guard`): a target ε of the
+        contract is kept (no step beyond `DPSGD.budget_steps` of what the
+        route accounts; a warning where it cuts the planned steps); labels
+        and targets are checked before any step (`fit_inputs.TargetRule`:
+        arrays up front, a stream's batches before their release); the
+        parameters are checked after each release (`FloatingPointError` on
+        NaN/Inf, before any later callback); examples dropped by the
+        clipping for a NaN/Inf gradient are counted, a figure not covered
+        by ε.
+
         Under `MirroredStrategy`, `MultiWorkerMirroredStrategy` or
         `TPUStrategy` (model and optimizer created in its scope), arrays are
         split over the replicas: each physical batch of `batch_size` rows
@@ -210,7 +221,13 @@ class DPModel(keras.Model):
                 "`privacy_unit='user', max_examples_per_user=k`. Received: user_ids with "
                 f"privacy_unit={optimizer.privacy_unit!r}"
             )
+        # Labels out of range or non-finite targets: refused before any step
+        # (arrays, here) or before the batch's release (a stream's).
+        target_rule = fit_inputs.TargetRule.of(
+            self.model, self._dp_loss_fn, x if fit_inputs.is_array(x) else None)
         if fit_inputs.is_array(x):
+            if y is not None:
+                target_rule.check(y)
             x, y, sample_weight, ids, dataset_size, common["validation_data"] = (
                 fit_inputs.prepare_arrays(
                     x, y, sample_weight, user_ids=user_ids, by_user=by_user,
@@ -221,19 +238,29 @@ class DPModel(keras.Model):
                                          physical_batch_size=physical,
                                          shuffle=bool(shuffle), user_ids=ids, epochs=epochs)
             logical_steps = steps_per_epoch or plan.steps_per_epoch
-            return self._fit_arrays(x, y, sample_weight, plan, logical_steps, callbacks,
-                                    common)
+            guard = release_guard.ReleaseGuard.for_fit(
+                optimizer, logical_steps, epochs - kwargs.get("initial_epoch", 0))
+            if guard.spent(optimizer):  # The budget allows no step: run none.
+                return release_guard.empty_history(self)
+            return self._fit_arrays(x, y, sample_weight, plan, logical_steps,
+                                    [guard] + callbacks, common)
         fit_inputs.check_stream_route(
             x, replicas_synchronise=train_function.synchronises(strategy),
             replicas=replicas, jit_compile=self.jit_compile)
         physical = fit_inputs.stream_batch_size(x, batch_size)
         plan = fit_plan_lib.plan_fit(optimizer, arrays=False, physical_batch_size=physical,
                                      shuffle=bool(shuffle), epochs=epochs)
+        plan.target_rule = target_rule
         pass_limit = optimizer.account.pass_limit
         if pass_limit is not None and isinstance(x, tf.data.Dataset):
             fit_inputs.check_stream_pass(x, pass_limit)
+        guard = release_guard.ReleaseGuard.for_fit(
+            optimizer, None, epochs - kwargs.get("initial_epoch", 0))
+        if guard.spent(optimizer):  # The budget allows no step: run none.
+            return release_guard.empty_history(self)
         self._dp_prepare(plan, physical, None)
-        common["callbacks"] = [train_function.EpochBoundary(check_pass=True)] + callbacks
+        common["callbacks"] = [train_function.EpochBoundary(check_pass=True),
+                               guard] + callbacks
         return super().fit(x, y, batch_size=batch_size, validation_split=validation_split,
                            shuffle=shuffle, class_weight=class_weight,
                            sample_weight=sample_weight, steps_per_epoch=steps_per_epoch,

@@ -1,9 +1,10 @@
 """What `DPModel.fit` checks and prepares of its inputs before planning.
 
-Arrays: their targets, user ids and validation split (by user under
-user-level privacy), and their exact copies (`tfdp.data.duplicates`).
-Streams: one finite pass per epoch, its batch size, and no more than N
-examples in a pass.
+Arrays: their targets (`TargetRule`: labels in range, finite targets of the
+output's shape), user ids and validation split (by user under user-level
+privacy), and their exact copies (`tfdp.data.duplicates`). Streams: one
+finite pass per epoch, its batch size, no more than N examples in a pass,
+and each batch's targets checked in the train step (`TargetRule.in_graph`).
 """
 
 import keras
@@ -11,7 +12,9 @@ import numpy as np
 import tensorflow as tf
 from keras.src.trainers.data_adapters import array_slicing
 
+from tfdp import validation
 from tfdp.data import duplicates
+from tfdp.dp import release_checks
 from tfdp.dp import user_groups
 from tfdp.keras import privacy_account
 
@@ -157,3 +160,101 @@ def take_rows(arrays, rows):
     """The rows `rows` of each array (numpy or tensor) of `arrays`; None stays None."""
     return tuple(None if a is None else tf.gather(a, rows) if tf.is_tensor(a)
                  else np.take(np.asarray(a), rows, axis=0) for a in arrays)
+
+
+class TargetRule:
+    """What `fit` asks of the targets, from the compiled loss and the model's output.
+
+    - A sparse loss (its name holds "sparse", e.g.
+      `SparseCategoricalCrossentropy`): class indices in [0, the output's
+      width) (`tfdp.validation.validate_labels`).
+    - Keras' other built-in losses: finite targets with the output's row
+      shape (`tfdp.validation.validate_targets`; `[n]` matches an output
+      row of `(1,)`).
+    - Any other loss: finite targets, shape not checked (a custom loss may
+      take targets of its own shape).
+
+    Args:
+        sparse: bool. Targets are class indices.
+        output_shape: tuple or None. One example's output (no batch axis);
+            None where the model cannot tell it without data.
+        builtin: bool. The loss is one of Keras' own.
+    """
+
+    def __init__(self, sparse, output_shape, builtin):
+        self.sparse = bool(sparse)
+        self.output_shape = None if output_shape is None else tuple(output_shape)
+        self.builtin = bool(builtin)
+
+    @classmethod
+    def of(cls, model, loss_fn, x):
+        """The rule for `model` (the inner model) compiled with `loss_fn`, given inputs `x`.
+
+        Args:
+            model: `keras.Model`. The model `fit` trains.
+            loss_fn: the per-example loss (`tfdp.keras.per_example_loss_fn`),
+                named after the compiled loss.
+            x: array, tensor or None. A batch of inputs (for its shape and
+                dtype only, where the model is not built).
+        """
+        name = str(getattr(loss_fn, "__name__", "") or "")
+        try:
+            keras.losses.get(name)
+            builtin = True
+        except (ValueError, TypeError):
+            builtin = False
+        return cls("sparse" in name.lower(), _output_shape(model, x), builtin)
+
+    @property
+    def num_classes(self):
+        """The output's width, for a sparse loss; None where unknown."""
+        if not self.sparse or not self.output_shape or self.output_shape[-1] is None:
+            return None
+        return int(self.output_shape[-1])
+
+    def check(self, y, name="y"):
+        """Refuses bad targets of arrays before any step (eager; messages without values).
+
+        Raises:
+            ValueError: from `tfdp.validation.validate_labels` or
+                `validate_targets`.
+        """
+        if self.sparse:
+            if self.num_classes is not None:
+                validation.validate_labels(y, self.num_classes, name=name)
+            return
+        row_shape = self.output_shape if self.builtin else None
+        if row_shape is not None and None in row_shape:
+            row_shape = None
+        validation.validate_targets(y, row_shape, name=name)
+
+    def in_graph(self, y):
+        """`y`, depending on the traced twin of `check` (a stream's batch).
+
+        The assertion's message is a constant (`tfdp.dp.release_checks`):
+        it carries no value of the batch.
+        """
+        if self.sparse:
+            if self.num_classes is None:
+                return y
+            return release_checks.checked_labels(y, self.num_classes)
+        return release_checks.checked_targets(y)
+
+
+def _output_shape(model, x):
+    """One example's output shape (no batch axis), or None where it is unknown."""
+    outputs = getattr(model, "outputs", None) if model.built else None
+    try:
+        if outputs and len(outputs) == 1:
+            return tuple(outputs[0].shape[1:])
+        if x is None:
+            return None
+        shape = tuple(x.shape[1:])
+        dtype = getattr(x, "dtype", "float32")
+        spec = model.compute_output_spec(keras.KerasTensor((None,) + shape, dtype=str(
+            keras.backend.standardize_dtype(dtype))))
+        if isinstance(spec, keras.KerasTensor):
+            return tuple(spec.shape[1:])
+    except Exception:  # noqa: BLE001 — a model that cannot say: not checked.
+        return None
+    return None

@@ -55,9 +55,10 @@ def accounting_mechanism(builder, dataset_size=None, delta=None):
         batch = (builder.planned_batch_size if builder.planned_batch_size is not None
                  else int(round(mech.expected_batch_size)))
     delta = delta or builder.delta or privacy_accounting.default_delta(n)
-    # The bound σ (perhaps calibrated) on the accounted sampler, no budget.
+    # The bound σ (perhaps calibrated) on the accounted sampler, with the
+    # contract's budget (`budget_steps`).
     request = mech.config.replace(noise_multiplier=mech.noise_multiplier,
-                                  target_epsilon=None, delta=delta)
+                                  target_epsilon=mech.target_epsilon, delta=delta)
     return mechanism_lib.DPSGD.from_config(
         request, sampler=samplers.for_accounting(
             name, None, dataset_size=n, batch_size=min(batch, n),
@@ -85,6 +86,37 @@ def ledger(optimizer, *, dataset_size=None, delta=None, steps=None):
     if steps is None:
         steps = optimizer.accounted_steps(mech.sampler.steps_per_epoch)
     return mech.ledger(steps, sensitivity=optimizer.sensitivity)
+
+
+def target_epsilon(optimizer):
+    """The target ε of the optimizer's contract (the mechanism's), or None."""
+    mech = optimizer.mechanism_builder.current
+    return None if mech is None else mech.target_epsilon
+
+
+def budget_steps(optimizer, planned_steps):
+    """The accounted steps a `fit` may reach under the contract's target ε.
+
+    `tfdp.DPSGD.budget_steps` of the mechanism that accounts the fit (the
+    plan's sampler, N and B, at the optimizer's `sensitivity`): for Poisson
+    steps, shuffled passes, or a stream's passes (whose accounted steps are
+    whole passes, `PrivacyAccount.accounted_steps`).
+
+    Args:
+        optimizer: `tfdp.DPOptimizer`, after `plan_fit`.
+        planned_steps: int. The accounted steps the fit would reach, in all.
+
+    Returns:
+        An int, or None without a target ε.
+
+    Raises:
+        ValueError: without the dataset size N (a stream), which the budget
+            needs.
+    """
+    if target_epsilon(optimizer) is None:
+        return None
+    mech = accounting_mechanism(optimizer.mechanism_builder)
+    return mech.budget_steps(int(planned_steps), sensitivity=optimizer.sensitivity)
 
 
 def describe_epsilon(ledger, max_examples_per_user=None, *, epsilon=None, brief=False):

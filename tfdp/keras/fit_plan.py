@@ -40,10 +40,16 @@ class FitPlan:
             N, which a callback's `dataset_size=` can still account).
         physical_batch_size: int or None. The `fit` batch size, in rows
             (None for a stream of unknown batch size).
+
+    Attributes:
+        target_rule: `tfdp.keras.fit_inputs.TargetRule` or None. Set by
+            `fit`: a stream's batches are checked with it in the train step
+            (`checks_targets_in_graph`), before anything of them is released.
     """
 
     def __init__(self, route, sampler, steps_per_epoch, sampler_name,
                  physical_batch_size=None):
+        self.target_rule = None
         self.route = route
         self.physical_batch_size = physical_batch_size
         self.sampler = sampler
@@ -64,6 +70,14 @@ class FitPlan:
     def variable_steps(self):
         """Whether the array steps vary in size (so epochs vary in batches)."""
         return self.route in ARRAY_ROUTES and not self.sampler.fixed_size_steps
+
+    @property
+    def checks_targets_in_graph(self):
+        """Whether each batch's targets are checked in the train step (a stream's).
+
+        Arrays are checked whole before any step (`TargetRule.check`).
+        """
+        return self.route == STREAM and self.target_rule is not None
 
     @property
     def counts_passes(self):

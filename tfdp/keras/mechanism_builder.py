@@ -64,13 +64,16 @@ class MechanismBuilder:
             users); 1 is DP-SGD.
         band_coefficients: sequence of b floats or None. The strategy's
             coefficients; None: the banded square root.
+        target_epsilon: float or None. A budget with the given σ: `fit`
+            releases no step beyond it (`tfdp.keras.fit_ledger.budget_steps`).
+            Defaults to None.
     """
 
     def __init__(self, l2_norm_clip=None, noise_multiplier=None, *, mechanism=None,
                  expected_batch_size=None, insecure_reproducible_seed=None, dataset_size=None,
                  delta=None, sampler=None, accountant="rdp", privacy_unit="example",
                  max_examples_per_user=None, gradient_accumulation_steps=1, bands=1,
-                 band_coefficients=None):
+                 band_coefficients=None, target_epsilon=None):
         self.accumulation_steps = gradient_accumulation_steps
         self.fit_plan = None
         self.aggregator = None
@@ -91,7 +94,8 @@ class MechanismBuilder:
                              accountant=accountant, privacy_unit=privacy_unit,
                              max_examples_per_user=max_examples_per_user,
                              bands=None if bands == 1 else bands,
-                             band_coefficients=band_coefficients)
+                             band_coefficients=band_coefficients,
+                             target_epsilon=target_epsilon)
             return
         if l2_norm_clip is None or noise_multiplier is None:
             raise ValueError(
@@ -105,7 +109,7 @@ class MechanismBuilder:
             l2_norm_clip, noise_multiplier, delta=delta, accountant=accountant,
             sampler=sampler, privacy_unit=privacy_unit,
             max_examples_per_user=max_examples_per_user, bands=bands,
-            band_coefficients=band_coefficients)
+            band_coefficients=band_coefficients, target_epsilon=target_epsilon)
         self.expected_batch_size = (None if expected_batch_size is None else
                                     validation.validate_expected_batch_size(expected_batch_size))
         self.dataset_size = None if dataset_size is None else int(dataset_size)

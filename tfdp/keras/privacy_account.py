@@ -51,6 +51,13 @@ class PrivacyAccount:
         self._pass_copies = _state(tf.constant(0, tf.int64), "dp_pass_copies")
         self._copies = duplicates.CopyCounter()
         self._checks_copies = False
+        # Privacy units the clipping dropped for a NaN/Inf gradient, over the
+        # optimizer's life (summed over replicas): not covered by ε.
+        self._nonfinite = distribute.replica_local_variable(
+            tf.constant(0.0), "dp_nonfinite_units", aggregation="sum")
+        # The step caps by source ("contract": the mechanism's target ε,
+        # kept by `fit`; "callback": `PrivacyBudget`); the tightest holds.
+        self._caps = {}
 
     def build(self, passes):
         """Takes the optimizer's saved count of passes that released a step."""
@@ -110,6 +117,10 @@ class PrivacyAccount:
             weights = tf.ones(tf.shape(rows)[:1], tf.float32)
         copies = tf.numpy_function(self._add_rows, [rows, weights], tf.int64, stateful=True)
         self._pass_copies.assign_add(tf.reshape(copies, []))
+
+    def count_nonfinite(self, units):
+        """Adds a batch's privacy units dropped for a NaN/Inf gradient (traced)."""
+        self._nonfinite.assign_add(tf.cast(units, tf.float32))
 
     def _add_rows(self, rows, weights):
         kept = rows[np.asarray(weights).reshape(-1) != 0]
@@ -175,10 +186,37 @@ class PrivacyAccount:
             steps = max(steps, int(self.passes.numpy()) * int(pass_steps))
         return steps
 
-    def set_budget(self, max_steps, pass_steps=0):
-        """Caps the accounted steps at `max_steps` (-1 removes the cap)."""
-        self._max_steps.assign(int(max_steps))
-        self._pass_steps.assign(int(pass_steps) if self.counts_passes else 0)
+    @property
+    def nonfinite_examples(self):
+        """Privacy units dropped so far for a NaN/Inf gradient (eager; not covered by ε)."""
+        return int(round(float(self._nonfinite.numpy())))
+
+    def set_budget(self, max_steps, pass_steps=0, source="callback"):
+        """Caps the accounted steps at `max_steps` (-1 removes this source's cap).
+
+        The caps of the sources (`"contract"`: the mechanism's target ε,
+        kept by `fit`; `"callback"`: `PrivacyBudget`) hold together: the
+        smallest applies.
+
+        Args:
+            max_steps: int. The most accounted steps, or -1.
+            pass_steps: int. Logical steps per pass of a stream (N // B).
+            source: str. Whose cap this is. Defaults to `"callback"`.
+        """
+        if int(max_steps) < 0:
+            self._caps.pop(source, None)
+        else:
+            self._caps[source] = int(max_steps)
+        with tf.init_scope():  # May run while a train step is traced.
+            self._max_steps.assign(min(self._caps.values()) if self._caps else -1)
+            # The route's N // B, whichever source gives it; kept while a cap holds.
+            if pass_steps or not self._caps:
+                self._pass_steps.assign(int(pass_steps) if self.counts_passes else 0)
+
+    @property
+    def max_steps(self):
+        """The cap on the accounted steps in force, or None."""
+        return min(self._caps.values()) if self._caps else None
 
 
 def too_many_examples_error(count, dataset_size, applied):

@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from tfdp import distribute
 from tfdp.dp import clipping
+from tfdp.dp import release_checks
 from tfdp.keras import training_probe
 
 
@@ -91,6 +92,12 @@ def private_update(model, optimizer, per_example_loss, x, y, sample_weight=None,
     # A stream's rows are compared with the pass's earlier rows before
     # anything of this batch is released (`PrivacyAccount.count_copies`).
     optimizer.account.count_copies(x, weights)
+    plan = optimizer.fit_plan
+    checked = plan is not None and plan.checks_targets_in_graph and y is not None
+    if checked:
+        # Labels out of range stop the step before its clipped sum exists;
+        # the assertion's message carries no value of the batch.
+        y = plan.target_rule.in_graph(y)
     x, group = optimizer.clipping_groups(x, batch_size)
     method = clipping.resolve_method(model, optimizer.method)
     captured = []
@@ -104,7 +111,7 @@ def private_update(model, optimizer, per_example_loss, x, y, sample_weight=None,
         rows=(x.shape[0] or physical_batch_size or batch_size
               or training_probe.planned_batch_size(optimizer)),
         method=method)
-    clipped_sum, _ = clipping.clipped_grad_sum(
+    clipped_sum, norms = clipping.clipped_grad_sum(
         model,
         capturing_loss_fn,
         x,
@@ -115,10 +122,20 @@ def private_update(model, optimizer, per_example_loss, x, y, sample_weight=None,
         weight_decay=optimizer.weight_decay,
         augmentation_multiplicity=group,
     )
+    # The clipping gave the units with a NaN/Inf gradient no contribution;
+    # counted for a figure not covered by ε.
+    optimizer.account.count_nonfinite(
+        release_checks.nonfinite_units(norms, weights, group))
     if method in clipping.TAPPED_METHODS and len(captured) == 1:
         y_pred = captured[0]  # The batched forward pass of the clipping.
     else:  # Per-example forward passes: recompute the batch's predictions.
         y_pred = model(x, training=True)
+    if checked:
+        # The caller's loss and metrics read its own targets and these
+        # predictions: they too wait for the check (a loss kernel's own
+        # error would print the batch's labels).
+        with tf.control_dependencies([y]):
+            y_pred = tf.identity(y_pred)
     examples = None
     if optimizer.counts_passes:  # A stream's rows are counted against N.
         examples = rows if weights is None else tf.math.count_nonzero(weights, dtype=tf.int32)

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from tfdp import dp
 from tfdp.dp import adapted_state
+from tfdp.dp import release_checks
 from tfdp.dp import sensitivity
 from tfdp.training import evaluation
 from tfdp.training import reporting
@@ -25,26 +26,18 @@ def kept_checkpoint(ckpt):
 def check_parameters_are_finite(variables, step, ckpt):
     """Stops when a parameter is NaN/Inf, before it is checkpointed or evaluated.
 
-    The stop looks at the parameters only. They are the noisy mechanism's
-    output, so whether they are finite reveals nothing that epsilon does not
-    cover. A stop on the training examples themselves (say, when every
-    example of a step had a non-finite gradient) would be a release of
-    private data without noise; there is none: the clipping drops each
-    non-finite example (its contribution is zero, which keeps the
-    sensitivity bound) and the step is applied with its noise, whatever
-    the examples were.
+    The engine's check (`tfdp.dp.release_checks.check_parameters_are_finite`,
+    which Keras `fit` runs too), naming the run's last good checkpoint.
 
     Args:
         variables: list of `tf.Variable`. The model's trainable variables.
         step: int. The step just applied.
         ckpt: `RunCheckpoint`. Named in the message.
+
+    Raises:
+        FloatingPointError: when a parameter is NaN/Inf.
     """
-    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in variables])
-    if not bool(finite):
-        raise FloatingPointError(
-            f"The parameters are NaN/Inf after step {step}: stopping. "
-            f"{kept_checkpoint(ckpt)}; lower the learning rate."
-        )
+    release_checks.check_parameters_are_finite(variables, step, kept_checkpoint(ckpt))
 
 
 def out_of_memory_as_error(logical_steps, physical_batch_size, logical_batch_size):
