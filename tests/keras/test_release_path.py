@@ -145,3 +145,22 @@ def test_fit_still_updates_through_the_release(route):
     assert int(model.optimizer.iterations) > 0
     assert any(not np.array_equal(b, v.numpy())
                for b, v in zip(before, model.trainable_variables))
+
+
+def test_the_compat_custom_loop_still_applies_its_release():
+    # `_compute_gradients` releases; `apply_gradients` applies that release
+    # through the wrapped optimizer (`apply_noisy`), once.
+    x, y = digits(16)
+    model = tiny_model()
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+    optimizer = tensorflow_privacy.DPKerasSGDOptimizer(
+        l2_norm_clip=1.0, noise_multiplier=0.0, learning_rate=0.1)
+    optimizer.declare_model(model, loss_fn)
+    before = _weights(model)
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x, training=True))
+    optimizer.apply_gradients(optimizer._compute_gradients(
+        loss, model.trainable_variables, tape=tape))
+    assert int(optimizer.iterations) == 1
+    assert any(not np.array_equal(b, v.numpy())
+               for b, v in zip(before, model.trainable_variables))
