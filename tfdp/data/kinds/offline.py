@@ -33,8 +33,8 @@ def resized(train, test, info, image_size):
 class OfflineKind(registry.DatasetKind):
     """Public digits shipped in installed packages, split by the catalog (seeded).
 
-    They are public benchmark data, taken as shipped: no example is
-    dropped or refused (scikit-learn's digits hold a few exact copies).
+    They are public benchmark data, taken as shipped and not checked for
+    copies at each run (neither holds an exact copy).
     """
 
     name = "offline"
