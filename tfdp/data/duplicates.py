@@ -11,11 +11,16 @@ encoded image, or an array row's raw bytes) serves every route:
   usual way one example enters twice, and files are examples of their
   own, so the first of each group of copies is kept and the others are
   dropped before N is counted;
-* arrays and records given as they are (`npz:` and `tfrecord:` data in the
-  trainer, arrays and streams given to a private Keras model's `fit`):
-  copies are refused (`check_source`, `check_rows`, `CopyCounter`), with
-  their count, since which row to keep is the data owner's call;
+* arrays and records given as they are (`npz:`, `tfrecord:` and tfds data
+  in the trainer, arrays and streams given to a private Keras model's
+  `fit`): copies are refused (`check_source`, `check_rows`, `CopyCounter`),
+  with their count, since which row to keep is the data owner's call;
   deduplicate the data, or train at user level.
+
+Sources are read through the `tfdp.data.data_source.DataSource` protocol:
+`record_sizes()` (only examples of a shared size are hashed), `record(i)`
+by index, or `records()` in one sequential read for a stream (a tfds split
+without random access), before training.
 
 Under user-level privacy (rows with user ids, trained with
 `privacy_unit='user'`), copies held by one user are that user's data and
