@@ -278,7 +278,6 @@ class ChiefTest(tf.test.TestCase):
 
         strategy = tf.distribute.get_strategy()
         self.assertTrue(distribute.is_chief(strategy))
-        self.assertEqual(distribute.checkpoint_dir(strategy, "/x/ckpt"), "/x/ckpt")
 
     def test_chief_rules(self):
         from tfdp import distribute
@@ -301,9 +300,25 @@ class ChiefTest(tf.test.TestCase):
         self.assertFalse(distribute.is_chief(Strategy(Resolver("worker", 0, with_chief))))
         self.assertTrue(distribute.is_chief(Strategy(Resolver("chief", 0, with_chief))))
         self.assertFalse(distribute.is_chief(Strategy(Resolver("evaluator", 0, with_chief))))
-        scratch = distribute.checkpoint_dir(Strategy(Resolver("worker", 1, workers)), "/x/ckpt")
-        self.assertNotEqual(scratch, "/x/ckpt")
-        self.assertTrue(os.path.isdir(scratch))
+
+    def test_chief_process_from_tf_config(self):
+        """Before any strategy (`tfdp.train.main` removing a workdir): TF_CONFIG's task."""
+        import json
+        from unittest import mock
+
+        from tfdp import distribute
+
+        workers = {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}
+        cases = [(None, True), ({"cluster": workers, "task": {"type": "worker", "index": 0}}, True),
+                 ({"cluster": workers, "task": {"type": "worker", "index": 1}}, False),
+                 ({"cluster": dict(workers, chief=["127.0.0.1:3"]),
+                   "task": {"type": "worker", "index": 0}}, False)]
+        for config, chief in cases:
+            env = {"TF_CONFIG": json.dumps(config)} if config else {}
+            with mock.patch.dict(os.environ, env, clear=False):
+                if not config:
+                    os.environ.pop("TF_CONFIG", None)
+                self.assertEqual(distribute.is_chief_process(), chief, config)
 
     def test_unknown_strategy_and_ragged_replicas(self):
         from tfdp import distribute

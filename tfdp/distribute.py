@@ -4,10 +4,10 @@
 - `distribute_train_pipeline`: builds each worker's share of the training
   pipeline and hands every replica its part of each physical batch, so that
   all replicas see the `last` flag of a logical step at the same time.
-- `is_chief` / `checkpoint_dir`: only the chief writes checkpoints and the
-  privacy ledger; the other workers take part in the save (as the TF
-  multi-worker docs require) into a scratch directory that is deleted at
-  exit.
+- `is_chief`: only the chief writes checkpoints, the privacy ledger and the
+  run's outputs; the other workers take part in each save (as the TF
+  multi-worker docs require) into a scratch directory
+  (`tfdp.training.workers`).
 - `agreed_key`: the chief's secret key on every worker, so that all draw
   one sample and one noise per step (the trainer's and Keras `fit`'s).
 - `precision_policy`: Keras mixed_bfloat16 (bf16 compute, float32
@@ -17,11 +17,9 @@ How the gradient is reduced and where the noise goes: see
 `tfdp/dp/private_step.py` and docs/DISTRIBUTED.md.
 """
 
-import atexit
 import contextlib
+import json
 import os
-import shutil
-import tempfile
 
 import numpy as np
 import tensorflow as tf
@@ -84,43 +82,40 @@ def is_chief(strategy):
     strategy (one_device, mirrored, tpu from its VM) is its own chief.
     """
     task_type, task_id = task(strategy)
+    return is_chief_task(task_type, task_id, lambda: strategy.cluster_resolver.cluster_spec())
+
+
+def is_chief_task(task_type, task_id, cluster_spec):
+    """`is_chief`'s rule for a task; `cluster_spec()` gives the cluster when needed."""
     if task_type is None:
         return True
     if task_type == "chief":
         return True
     if task_type == "worker":
         try:
-            cluster = strategy.cluster_resolver.cluster_spec().as_dict()
+            cluster = cluster_spec().as_dict()
         except Exception:  # pylint: disable=broad-except
             cluster = {}
         return "chief" not in cluster and int(task_id or 0) == 0
     return False
 
 
+def is_chief_process():
+    """Whether this process is the chief of its job, from `TF_CONFIG` alone (no strategy).
+
+    For decisions taken before (or without) a strategy, such as removing a
+    workdir after a configuration error: only the chief may.
+    """
+    config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+    task_ = config.get("task") or {}
+    cluster = config.get("cluster") or {}
+    return is_chief_task(task_.get("type"), task_.get("index"),
+                         lambda: tf.train.ClusterSpec(cluster))
+
+
 def num_workers(strategy):
     """The number of worker processes (input pipelines)."""
     return int(getattr(strategy.extended, "_num_workers", 1) or 1)
-
-
-def checkpoint_dir(strategy, directory):
-    """`directory` on the chief; on other workers a scratch dir removed at exit.
-
-    Every worker restores from the chief's `directory` (a filesystem shared
-    by the hosts, e.g. GCS or NFS) and joins each save, but only the chief's
-    save lands there. With the environment variable
-    TFDP_WORKER_CHECKPOINT_DIR set, a non-chief worker keeps its copy in
-    `$TFDP_WORKER_CHECKPOINT_DIR/<task_type><task_id>` instead (to check
-    that the workers agree).
-    """
-    if is_chief(strategy):
-        return directory
-    task_type, task_id = task(strategy)
-    keep = os.environ.get("TFDP_WORKER_CHECKPOINT_DIR")
-    if keep:  # Debugging and tests: keep each worker's copy for comparison.
-        return os.path.join(keep, f"{task_type}{task_id}")
-    scratch = tempfile.mkdtemp(prefix=f"tfdp_{task_type}{task_id}_ckpt_")
-    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
-    return scratch
 
 
 def agreed_key(strategy, key):

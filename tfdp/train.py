@@ -249,7 +249,9 @@ def main(argv):
     try:
         config.parse(gin_files, _GIN_PARAM.value or [])
         workdir = _WORKDIR.value or default_workdir(gin_files, _GIN_PARAM.value or [])
-        created = not os.path.exists(workdir)
+        # Only the chief creates the workdir, so only it may remove one
+        # (another worker may start, and fail, before the chief creates it).
+        created = not os.path.exists(workdir) and _is_chief_process()
         train(workdir, seed=_SEED.value, strategy_name=_STRATEGY.value, dry_run=_DRY_RUN.value)
         if _DRY_RUN.value and created:  # A dry run writes nothing a real run would resume.
             _remove_unused_workdir(workdir)
@@ -263,6 +265,13 @@ def main(argv):
         if created:
             _remove_unused_workdir(workdir)
         _exit_with_error(e)
+
+
+def _is_chief_process():
+    # Imported here, not at the top: keeps TensorFlow out of --help.
+    from tfdp import distribute
+
+    return distribute.is_chief_process()
 
 
 def _exit_with_error(error, code=2):

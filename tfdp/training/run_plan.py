@@ -212,10 +212,10 @@ def plan_run(train_source, strategy, *, privacy, optimization, run, workdir, rea
 
 
 def clipping_plan_headline(clipping_plan, path):
-    """One line of a `tfdp.dp.DPPlan`: the method, the rules, the memory, the table's file.
+    """One line of a `tfdp.dp.ClippingPlan`: the method, the rules, the memory, the table's file.
 
     Args:
-        clipping_plan: `tfdp.dp.DPPlan`.
+        clipping_plan: `tfdp.dp.ClippingPlan`.
         path: str or None. The file of its per-layer table; None: written
             by the chief alone.
     """
@@ -230,7 +230,7 @@ def clipping_plan_headline(clipping_plan, path):
 
 
 def make_clipping_plan(model, batching, info, privacy):
-    """The run's `tfdp.dp.DPPlan` at the batch one replica sees; None when non-private.
+    """The run's `tfdp.dp.ClippingPlan` at the batch one replica sees; None when non-private.
 
     Its `method` is the one training uses: `privacy.clipping_method`, with
     "auto" resolved (under `privacy.clipping_memory_budget_mb`, the fastest
