@@ -36,7 +36,6 @@ import keras  # noqa: E402
 
 import tfdp  # noqa: E402
 from tfdp import secret_key as secret_key_lib  # noqa: E402
-from tfdp.keras import train_function  # noqa: E402
 
 N = 256
 PHYSICAL = 16  # Global rows per physical batch: 8 per worker.
@@ -121,9 +120,6 @@ def run(strategy, scenario, out_path):
     validation = {}
     if key == "seeded":
         validation["validation_data"] = (x[:64], y[:64])
-        if train_function.reduces_over_workers(strategy):
-            # Keras 3's own test function fails under several workers.
-            model.test_function = train_function.WorkerMeanTestFunction(model)
     before = [w.numpy() for w in model.model.trainable_variables]
     history = model.fit(x, y, batch_size=PHYSICAL, epochs=epochs, verbose=0, **validation)
     epsilon = model.describe_epsilon()

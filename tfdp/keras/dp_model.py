@@ -358,6 +358,19 @@ class DPModel(keras.Model):
             return super().make_train_function(force=force)
         return self.train_function
 
+    def make_test_function(self, force=False):
+        """Keras' test function; under several workers, one that averages their logs.
+
+        Keras 3's own fails on the workers' scalar logs (tensorflow#72388),
+        as its train function does (`train_function.WorkerMeanTestFunction`).
+        """
+        if self.test_function is not None and not force:
+            return self.test_function
+        if train_function.reduces_over_workers(self.distribute_strategy):
+            self.test_function = train_function.WorkerMeanTestFunction(self)
+            return self.test_function
+        return super().make_test_function(force=force)
+
     def train_step(self, data):
         # Traced before the first update: an override the step would ignore
         # fails here, before anything is released.

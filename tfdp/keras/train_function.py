@@ -125,9 +125,9 @@ class WorkerMeanTestFunction:
 
     Under several workers Keras 3's own test function fails on the scalar
     logs as its train function does (tensorflow#72388), so `fit` with
-    validation data fails there at the first epoch's end. Set a private
-    model's `test_function` to this one after `compile` where
-    `reduces_over_workers` (`DPModel.make_test_function` does not yet). Each
+    validation data would fail there at the first epoch's end; a private
+    model's `make_test_function` returns this one where
+    `reduces_over_workers`. Each
     call runs up to the model's `steps_per_execution` batches of the
     iterator, and raises `StopIteration` when it has none left, as Keras'
     own.
