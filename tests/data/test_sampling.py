@@ -448,8 +448,8 @@ class EvalPipelineTest(tf.test.TestCase):
                     self.assertAllEqual(g, w)
         labels = np.concatenate([b[1][b[2] > 0] for b in passes[2]])
         self.assertAllEqual(labels, np.arange(23))
-        self.assertTrue(data.eval_pipeline._small_decoded_array(source, ds, 2**20))
-        self.assertFalse(data.eval_pipeline._small_decoded_array(source, ds, 16))
+        self.assertTrue(data.eval_pipeline.small_decoded_array(source, ds, 2**20))
+        self.assertFalse(data.eval_pipeline.small_decoded_array(source, ds, 16))
 
     def test_every_example_once_with_padding(self):
         source = _index_source(23, shape=(2, 2, 1))

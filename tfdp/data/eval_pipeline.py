@@ -73,7 +73,7 @@ def make_eval_pipeline(
             lambda: decode_guard.find_substitute(source.as_dataset(shuffle=False), seeded),
         )
         ds = ds.batch(batch_size).map(batch_padding.pad_batch(batch_size, decode_stats))
-    if _small_decoded_array(source, ds, _EVAL_CACHE_BYTES):
+    if small_decoded_array(source, ds, _EVAL_CACHE_BYTES):
         # Every pass is the same: keep the batches rather than preprocess the
         # examples again at every evaluation (a third of the default run's
         # evaluation time). Decoded arrays have no undecodable images to count.
@@ -106,7 +106,7 @@ def _eval_batches(source, batch_size, preprocess_fn, input_context):
                   num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
-def _small_decoded_array(source, ds, limit):
+def small_decoded_array(source, ds, limit):
     """Whether `ds`, batches of an in-memory decoded array source, fits `limit` bytes."""
     images = getattr(source, "images", None)
     if images is None or getattr(source, "encoded", True):
