@@ -22,5 +22,9 @@ from tfdp.keras.dp_model import DPModel
 from tfdp.keras.dp_model import make_private
 from tfdp.keras.per_example_loss import per_example_loss_fn
 from tfdp.keras.dp_optimizer import DPOptimizer
+from tfdp.keras.dp_optimizer import PlainGradientsError
 
-__all__ = ["DPModel", "DPOptimizer", "callbacks", "make_private", "per_example_loss_fn"]
+__all__ = [
+    "DPModel", "DPOptimizer", "PlainGradientsError", "callbacks", "make_private",
+    "per_example_loss_fn",
+]

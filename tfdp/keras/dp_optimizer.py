@@ -199,6 +199,10 @@ class DPOptimizer(keras.optimizers.Optimizer):
             Defaults to `1`: DP-SGD.
         band_coefficients: sequence of b floats or None. The strategy's
             coefficients. Defaults to `None`: the banded square root.
+        target_epsilon: float or None. A budget for the given σ: `fit`
+            releases no logical step that would take ε at `delta` above it
+            (warned once where it cuts the planned steps). Defaults to
+            `None`: no budget (a `tfdp.callbacks.PrivacyBudget` can add one).
         num_microbatches: must be `None`: each privacy unit is clipped
             alone; use `gradient_accumulation_steps` for virtual steps.
         name: str or None. Optimizer name.
@@ -224,6 +228,7 @@ class DPOptimizer(keras.optimizers.Optimizer):
         max_examples_per_user=None,
         bands=1,
         band_coefficients=None,
+        target_epsilon=None,
         num_microbatches=None,
         name=None,
         **kwargs,
@@ -239,6 +244,7 @@ class DPOptimizer(keras.optimizers.Optimizer):
             dataset_size=dataset_size, delta=delta, sampler=sampler, accountant=accountant,
             privacy_unit=privacy_unit, max_examples_per_user=max_examples_per_user,
             gradient_accumulation_steps=k, bands=bands, band_coefficients=band_coefficients,
+            target_epsilon=target_epsilon,
         )
         super().__init__(learning_rate=0.0, name=name)
         # Plain gradients handed to the wrapped optimizer directly are refused.

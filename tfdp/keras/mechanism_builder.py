@@ -388,4 +388,5 @@ class MechanismBuilder:
             "bands": self.bands,
             "band_coefficients": (None if self.request.band_coefficients is None
                                   else [float(c) for c in self.request.band_coefficients]),
+            "target_epsilon": self.request.target_epsilon,
         }

@@ -55,6 +55,7 @@ import keras
 import tensorflow as tf
 
 from tfdp.dp import clipping
+from tfdp.dp import release_checks
 from tfdp.keras import training_probe
 from tfdp.keras.per_example_loss import per_example_loss_fn
 
@@ -254,7 +255,8 @@ def clipped_sum(tape, losses, var_list, l2_norm_clip, unconnected_gradients_to_z
             reach gets zero gradients instead of an error.
 
     Returns:
-        A list of tensors shaped like `var_list`.
+        `(summed, norms)`: a list of tensors shaped like `var_list`, and the
+        `[M]` microbatch gradient norms (NaN/Inf for a dropped one).
     """
     unconnected = (tf.UnconnectedGradients.ZERO if unconnected_gradients_to_zero
                    else tf.UnconnectedGradients.NONE)
@@ -272,9 +274,17 @@ def clipped_sum(tape, losses, var_list, l2_norm_clip, unconnected_gradients_to_z
     groups = tf.shape(losses)[0]
     squares = [tf.reduce_sum(tf.reshape(tf.square(j), [groups, -1]), axis=1) for j in jacobians]
     norms = tf.sqrt(tf.add_n(squares))
-    # min(1, C / ||g_j||): a microbatch's gradient is clipped to norm C.
-    factors = tf.minimum(1.0, l2_norm_clip / tf.maximum(norms, 1e-30))
-    return [tf.tensordot(tf.cast(factors, j.dtype), j, axes=1) for j in jacobians]
+    # The engine's coefficients: min(1, C / ||g_j||), and 0 for a microbatch
+    # whose gradient is NaN/Inf (dropped, as on every route; counted by the
+    # caller). Its rows are zeroed too, since 0 * NaN is NaN.
+    finite = tf.math.is_finite(norms)
+    factors = clipping.clip_coefficients(norms, l2_norm_clip, tf.ones_like(norms))
+    summed = []
+    for j in jacobians:
+        rows = tf.reshape(finite, [-1] + [1] * (j.shape.rank - 1))
+        j = tf.where(rows, j, tf.zeros_like(j))
+        summed.append(tf.tensordot(tf.cast(factors, j.dtype), j, axes=1))
+    return summed, norms
 
 
 def loss_and_tape(loss, var_list, tape):
@@ -336,9 +346,11 @@ def clipped_batch(optimizer, loss, var_list, tape):
         losses, rows = microbatch_losses(loss, optimizer.num_microbatches)
     # Before anything of this batch is clipped or released.
     probe(optimizer, rows, var_list)
-    summed = clipped_sum(tape, losses, var_list, optimizer.l2_norm_clip,
-                         optimizer.unconnected_gradients_to_zero)
+    summed, norms = clipped_sum(tape, losses, var_list, optimizer.l2_norm_clip,
+                                optimizer.unconnected_gradients_to_zero)
     prepare(optimizer, rows, var_list)
+    # Dropped microbatches are counted, as fit counts them (not covered by ε).
+    optimizer.account.count_nonfinite(release_checks.nonfinite_units(norms))
     return summed, var_list
 
 
