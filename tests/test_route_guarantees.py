@@ -184,6 +184,8 @@ def tmp(tmp_path):
     return str(tmp_path)
 
 
+# About 3 minutes on one core: run with the slow tests (`-m slow`, as CI does).
+@pytest.mark.slow
 @pytest.mark.parametrize("route", ROUTES)
 class TestRouteGuarantees:
 

@@ -35,12 +35,14 @@ def _two_layer_model(outputs, num_microbatches=None):
 def test_one_logit_under_sparse_crossentropy_is_refused(num_microbatches):
     # One logit is one class: label 1 is out of range. TF-Privacy's test only
     # passes because its default use_xla=True compiles the step with XLA,
-    # which skips the range check and trains on a NaN loss.
+    # which skips the range check and trains on a NaN loss. tfdp refuses the
+    # labels before any step (`tfdp.validation.validate_labels`), naming no
+    # label.
     x, y = _two_class_data()
     model = _two_layer_model(1, num_microbatches)
     model.compile(optimizer=keras.optimizers.SGD(1.0),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    with pytest.raises(tf.errors.InvalidArgumentError, match="outside the valid range"):
+    with pytest.raises(ValueError, match=r"class indices, whole numbers in \[0, num_classes=1\)"):
         model.fit(x, y, epochs=1, batch_size=4, shuffle=False, verbose=0)
 
 

@@ -260,8 +260,8 @@ def _assert_only_the_chief_wrote(cluster, chief_pids):
     assert pids and pids <= set(chief_pids), (pids, chief_pids)
 
 
+@pytest.mark.slow  # 15-30 s of two processes; the fast tests above check the rules.
 def test_two_workers_leave_only_the_chiefs_outputs(tmp_path):
-    # About 15 s on 2 idle cores (30 s loaded): in the default suite.
     cluster = _Cluster(str(tmp_path), epochs=0.2)
     procs = cluster.start()
     codes, logs = cluster.wait(procs)
