@@ -26,6 +26,10 @@ as in "bk". Models that per-layer
 clipping cannot bound are refused (`model_probe`): a layer reading another
 layer's variable (tied weights) makes "auto" use "vectorized"; a layer that
 mixes examples is refused by every method.
+
+A sixth, "jacobian" (`TAPE_METHODS`), clips a loss vector with the tape that
+recorded it, where there is no model to tap (TF-Privacy's custom loop):
+`jacobian_clipping.jacobian_clipped_sum`. `clipped_grad_sum` refuses it.
 """
 
 import logging
@@ -43,6 +47,9 @@ from tfdp.dp.rules.registry import TAPPED_METHODS
 from tfdp.dp.rules.registry import weighted_sum
 
 METHODS = ("naive", "vectorized", "ghost", "mixed", "bk", "auto")
+# Methods of a loss vector and its tape, not of a model: never chosen by
+# "auto", and refused by `resolve_method` with the function to call instead.
+TAPE_METHODS = ("jacobian",)
 
 
 def default_weight_decay_variables(model):
@@ -89,11 +96,18 @@ def resolve_method(model, method, x=None):
         The method: "auto" resolved.
 
     Raises:
-        ValueError: for an unknown method; for a model with a layer that mixes
+        ValueError: for an unknown method or a tape method (`TAPE_METHODS`,
+            `jacobian_clipping.jacobian_clipped_sum`); for a model with a layer that mixes
             examples or writes non-trainable state from the batch (any
             method); for a tapped method and a model whose
             variables are not all read only by their owning layers.
     """
+    if method in TAPE_METHODS:
+        raise ValueError(
+            f"method={method!r} clips a loss vector with the tape that recorded it, "
+            "not a model: call tfdp.dp.jacobian_clipped_sum(tape, losses, variables, "
+            f"l2_norm_clip). A model takes one of {METHODS}. Received: method={method!r}"
+        )
     if method not in METHODS:
         raise ValueError(
             f"Unknown clipping method. Expected one of {METHODS}. "
