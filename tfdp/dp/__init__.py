@@ -15,6 +15,7 @@ from tfdp.dp.layerwise_plan import plan
 from tfdp.dp.logical_steps import run_logical_steps
 from tfdp.dp.noise import add_noise
 from tfdp.dp.noise import step_seed
+from tfdp.dp.noise_schemes import NoiseScheme
 from tfdp.dp.noisy_aggregator import NoisyAggregator
 from tfdp.dp.private_step import NonPrivateTrainStep
 from tfdp.dp.private_step import PrivateTrainStep

@@ -9,26 +9,23 @@ per logical step, with B the public expected batch size (never the realised
 one, which would leak it) and the noise drawn once from
 `step_seed(noise_key, step)`.
 
-With a b-banded matrix-factorization strategy (`tfdp.privacy.banded_mf`,
-coefficients c_0 … c_{b-1}), the noise of step t is correlated instead:
-
-    w_t = (z_t − Σ_{j=1}^{b-1} c_j w_{t-j}) / c_0,
-
-row t of C⁻¹Z, with z_t that same draw. The caller keeps the last b − 1 w's
-(`noise_state_shape`), as it keeps the accumulators.
-
-With tree aggregation (DP-FTRL, `tree=` a
-`tfdp.privacy.tree_aggregation.TreeRestarts`) the noise of step t is the
-increment of its tree's noisy prefix sum (`tfdp.dp.tree_noise`), drawn from
-the same key by tree node, with no state; with `leaves_per_step=k` a step
-holds k leaves of the tree (one per accumulated batch) and releases the sum
-of their increments.
+The noise itself is the aggregator's noise scheme's
+(`tfdp.dp.noise_schemes`), chosen once from its arguments
+(`_choose_scheme`): DP-SGD's independent draw ("gaussian"); with a
+b-banded matrix-factorization strategy (`coefficients`), noise correlated
+across steps from a state of the last b − 1 noise tensors, which the caller
+keeps (`noise_state_shape`), as it keeps the accumulators ("banded"); with
+tree aggregation (DP-FTRL, `tree=` a
+`tfdp.privacy.tree_aggregation.TreeRestarts`), the increment of its tree's
+noisy prefix sum, drawn from the same key by tree node, with no state; with
+`leaves_per_step=k` a step holds k leaves of the tree (one per accumulated
+batch) and releases the sum of their increments ("tree"). Any registered
+scheme can be named instead (`scheme=`).
 """
 
 import tensorflow as tf
 
-from tfdp.dp import noise as noise_lib
-from tfdp.dp import tree_noise
+from tfdp.dp import noise_schemes
 
 
 class NoisyAggregator:
@@ -55,10 +52,19 @@ class NoisyAggregator:
             step (its accumulated batches): step u releases the increments
             of leaves u·k … u·k + k − 1, and the restarts count leaves.
             Defaults to `1`.
+        scheme: str, `tfdp.dp.noise_schemes.NoiseScheme` or None. A
+            registered noise scheme's name, built from the options above
+            (`NoiseScheme.from_options`), or a scheme. Defaults to `None`:
+            chosen from `coefficients` and `tree`.
+
+    Raises:
+        ValueError: for a negative std, a divisor not > 0, coefficients
+            without c_0 > 0, both a tree and a banded strategy, a bad
+            `leaves_per_step`, or an unknown scheme.
     """
 
     def __init__(self, *, noise_stddev, expected_batch_size, noise_key, coefficients=(1.0,),
-                 tree=None, leaves_per_step=1):
+                 tree=None, leaves_per_step=1, scheme=None):
         if not noise_stddev >= 0:
             raise ValueError(f"noise_stddev must be >= 0. Received: noise_stddev={noise_stddev}")
         if not expected_batch_size > 0:
@@ -83,18 +89,43 @@ class NoisyAggregator:
                 f"leaves_per_step={leaves_per_step!r}, tree={tree!r}")
         self.tree = tree
         self.leaves_per_step = leaves_per_step
+        self.scheme = self._choose_scheme(scheme)
         # A graph constant, never a variable: nothing that saves the model or
         # the optimizer may hold the key.
         self._noise_key = tf.constant(noise_key, tf.int64)
 
+    def _choose_scheme(self, scheme):
+        """The noise scheme of the constructor's arguments: the one place it is chosen."""
+        if isinstance(scheme, noise_schemes.NoiseScheme):
+            if self.coefficients != (1.0,) or self.tree is not None:
+                raise ValueError(
+                    "A scheme passed as an object carries its own options. Received: "
+                    f"scheme={scheme!r}, coefficients={self.coefficients!r}, tree={self.tree!r}")
+            return scheme
+        if scheme is None:
+            if self.tree is not None:
+                scheme = "tree"
+            elif self.coefficients != (1.0,):
+                scheme = "banded"
+            else:
+                scheme = "gaussian"
+        return noise_schemes.scheme_class(scheme).from_options(
+            coefficients=self.coefficients, tree=self.tree,
+            leaves_per_step=self.leaves_per_step)
+
     @classmethod
-    def for_mechanism(cls, mechanism, tree=None, leaves_per_step=1):
+    def for_mechanism(cls, mechanism, tree=None, leaves_per_step=1, scheme=None):
         """The aggregator of a `tfdp.DPSGD` contract: its σ·C, divisor and noise key.
 
         Args:
             mechanism: `tfdp.DPSGD`.
             tree: `TreeRestarts` or None, as the constructor's. Defaults to `None`.
             leaves_per_step: int, as the constructor's. Defaults to `1`.
+            scheme: str, `NoiseScheme` or None, as the constructor's.
+                Defaults to `None`.
+
+        Returns:
+            A `NoisyAggregator`.
         """
         return cls(
             noise_stddev=mechanism.noise_stddev,
@@ -103,6 +134,7 @@ class NoisyAggregator:
             coefficients=mechanism.band_coefficients,
             tree=tree,
             leaves_per_step=leaves_per_step,
+            scheme=scheme,
         )
 
     @property
@@ -112,22 +144,27 @@ class NoisyAggregator:
 
     @property
     def correlated(self):
-        """Whether the noise is correlated across steps (it needs a state)."""
-        return self.coefficients != (1.0,)
+        """Whether the noise is correlated across steps through a state (the scheme's)."""
+        return self.scheme.has_state
 
     def noise_state_shape(self, shape):
-        """The shape of the noise state of one variable of `shape`: `[b - 1, *shape]`.
+        """The shape of the noise state of one variable of `shape`, or None without one.
 
-        It holds the last b − 1 noise tensors w, each in slot `t mod (b − 1)`
-        of its step t. The caller creates it as zeros (w_t = 0 before the
-        first step), float32 like the accumulators, one per variable, and
-        keeps it in the training checkpoints only: it is as secret as the
-        key, since it reveals the noise of the last steps. None when the
-        noise needs no state.
+        The scheme's (`NoiseScheme.state_shape`): for banded noise the last
+        b − 1 noise tensors w, each in slot `t mod (b − 1)` of its step t.
+        The caller creates it as zeros (w_t = 0 before the first step),
+        float32 like the accumulators, one per variable, and keeps it in the
+        training checkpoints only (`NoiseScheme.checkpoint_state`): it is as
+        secret as the key, since it reveals the noise of the last steps.
+        None when the noise needs no state.
+
+        Args:
+            shape: list of ints (or a `TensorShape`). The variable's shape.
+
+        Returns:
+            list of ints (`[b - 1, *shape]` for banded noise), or None.
         """
-        if not self.correlated:
-            return None
-        return [max(self.bands - 1, 1), *shape]
+        return self.scheme.state_shape(shape)
 
     def accumulate(self, accumulators, clipped_sum, first):
         """Adds one physical batch's clipped sum.
@@ -160,10 +197,9 @@ class NoisyAggregator:
         of one common draw (same key, same step), so the optimizer's
         cross-replica SUM adds back exactly one N(0, (σC)²).
 
-        With a banded strategy the noise is w_t (module docstring). Each
-        replica's state holds w / R: the recursion is linear, so from z_t / R
-        (its share of the draw) it yields exactly w_t / R, and the replicas'
-        states read together (a SUM variable in a checkpoint) hold w.
+        The noise is the scheme's (`NoiseScheme.noise`), drawn with std
+        σC / R: with banded noise each replica's state then holds w / R
+        (`tfdp.dp.noise_schemes.banded`).
 
         Args:
             accumulators: list of variables. The logical step's sums.
@@ -172,13 +208,21 @@ class NoisyAggregator:
             empty: bool scalar tensor or None. True when no batch was
                 accumulated (the accumulators hold stale sums): the sum is
                 taken as zero. Defaults to None.
-            noise_state: list of float variables or None. With a banded
-                strategy, one per accumulator, shaped by `noise_state_shape`;
-                read and advanced here. Defaults to None (DP-SGD).
+            noise_state: list of float variables or None. With a scheme
+                that keeps a state (banded noise), one per accumulator,
+                shaped by `noise_state_shape`; read and advanced here.
+                Defaults to None (DP-SGD).
+
+        Returns:
+            A list of tensors, one per accumulator.
+
+        Raises:
+            ValueError: without the noise state its scheme keeps, or with
+                a state of the wrong length.
         """
         if self.correlated and noise_state is None:
             raise ValueError(
-                f"A {self.bands}-banded strategy correlates the noise across steps: "
+                f"The noise scheme {self.scheme!r} correlates the noise across steps: "
                 "noisy_mean needs the noise state (`noise_state_shape`). "
                 "Received: noise_state=None")
         zeroed = []
@@ -186,47 +230,12 @@ class NoisyAggregator:
             zeroed = [tf.cond(empty, lambda: self._zero(accumulators, empty), lambda: tf.constant(0))]
         with tf.control_dependencies(zeroed):
             sums = [tf.convert_to_tensor(a) for a in accumulators]
-        if self.noise_stddev > 0 and self.correlated:
-            return self._banded_noisy_mean(sums, step, num_replicas, noise_state)
-        if self.noise_stddev > 0 and self.tree is not None:
-            noise = tree_noise.step_noise(
-                sums, self.noise_stddev / float(num_replicas), self._noise_key, step, self.tree,
-                self.leaves_per_step)
-            return [(s + tf.cast(n, s.dtype)) / self.expected_batch_size
-                    for s, n in zip(sums, noise)]
         if self.noise_stddev > 0:
-            # noise / R drawn directly as N(0, (σC/R)²) from the same words.
-            return noise_lib.noisy_divided(
-                sums, self.noise_stddev / float(num_replicas),
-                noise_lib.step_seed(self._noise_key, step), self.expected_batch_size,
-            )
+            return self.scheme.noisy_mean(
+                sums, stddev=self.noise_stddev / float(num_replicas), noise_key=self._noise_key,
+                step=step, divisor=self.expected_batch_size,
+                state=noise_state if self.correlated else None)
         return [s / self.expected_batch_size for s in sums]
-
-    def _banded_noisy_mean(self, sums, step, num_replicas, noise_state):
-        """`(Σ + w_t / R) / B`, with w_t / R from the state, which then holds it."""
-        if len(noise_state) != len(sums):
-            raise ValueError(
-                "The noise state needs one variable per accumulator. Received: "
-                f"{len(noise_state)} state variables, {len(sums)} accumulators")
-        step = tf.cast(step, tf.int64)
-        slots = max(self.bands - 1, 1)
-        # Slot s holds w_(t-j) with j = ((t - s - 1) mod (b - 1)) + 1; weight c_j.
-        lags = tf.math.floormod(step - 1 - tf.range(slots, dtype=tf.int64), slots) + 1
-        tail = self.coefficients[1:] or (0.0,)
-        draws = noise_lib.gaussian_noise(
-            sums, self.noise_stddev / float(num_replicas),
-            noise_lib.step_seed(self._noise_key, step))
-        slot = tf.math.floormod(step, slots)
-        means = []
-        for total, draw, state in zip(sums, draws, noise_state):
-            lag_weights = tf.gather(tf.constant(tail, state.dtype), lags - 1)
-            previous = tf.convert_to_tensor(state)
-            history = tf.tensordot(lag_weights, previous, axes=1)
-            noise = (tf.cast(draw, state.dtype) - history) / self.coefficients[0]
-            # A whole assign: per-replica (ON_READ) variables take no scatter.
-            state.assign(tf.tensor_scatter_nd_update(previous, slot[None, None], noise[None]))
-            means.append((total + tf.cast(noise, total.dtype)) / self.expected_batch_size)
-        return means
 
     @staticmethod
     def _zero(accumulators, empty):

@@ -1,119 +1,12 @@
-"""The noise DP-FTRL releases at each step: the increment of a tree's noisy prefix sum.
+"""DP-FTRL's tree noise: kept for its importers; it lives in `tfdp.dp.noise_schemes.tree`.
 
-With tree aggregation (`tfdp.privacy.tree_aggregation`) the model sees, after
-leaf n − 1 of a tree (n leaves so far), the prefix sum of the clipped sums
-plus the noise of the dyadic nodes that cover [0, n). Fed to SGD as a
-gradient, step n − 1 releases the increment of that noise:
-
-    cum(n) − cum(n − 1) = node(level k, ending at n)
-                          − Σ_{l<k} node(level l, ending at n − 2^l),
-
-with 2^k the lowest set bit of n: [0, n) and [0, n − 1) share every node
-but the block of length 2^k ending at n, which replaces the k blocks of
-[n − 2^k, n − 1). So a step draws 1 + k node noises, 2 on average, and
-Σ of the released noises of a tree is exactly its noisy prefix sum's.
-
-With several leaves per step (TF-Privacy's DP-FTRL with
-`gradient_accumulation_steps=k`, one leaf per accumulated batch) step u
-releases the sum of the increments of leaves u·k … u·k + k − 1: within one
-tree, cum(u·k + k) − cum(u·k).
-
-Each node's noise is drawn from the secret noise key by (tree, level, end):
-no node noise is stored, a restarted or resumed run draws the same nodes
-again, and every replica that asks draws the same tensors.
+The scheme's module holds the arithmetic (`tree_and_leaf`, `node_seed`,
+`residual_noise`, `step_noise`) beside the `TreeNoise` scheme that releases it.
 """
 
-import tensorflow as tf
+from tfdp.dp.noise_schemes.tree import node_seed
+from tfdp.dp.noise_schemes.tree import residual_noise
+from tfdp.dp.noise_schemes.tree import step_noise
+from tfdp.dp.noise_schemes.tree import tree_and_leaf
 
-from tfdp.dp import noise as noise_lib
-
-# Keeps the node seeds apart from DP-SGD's step seeds of the same key.
-_SALT_TREE = 0x7EE0_0001
-
-
-def tree_and_leaf(step, restarts):
-    """`(tree, leaf)` int64 tensors of a 0-based step, as `TreeRestarts.tree_and_leaf`."""
-    step = tf.cast(step, tf.int64)
-    if restarts.restart_period is None:
-        return tf.constant(0, tf.int64), step
-    period = tf.constant(restarts.restart_period, tf.int64)
-    warmup = restarts.warmup
-    if not warmup:
-        return step // period, step % period
-    after = tf.maximum(step - warmup, 0)
-    in_warmup = step < warmup
-    tree = tf.where(in_warmup, tf.constant(0, tf.int64), 1 + after // period)
-    leaf = tf.where(in_warmup, step, after % period)
-    return tree, leaf
-
-
-def node_seed(noise_key, tree, level, end):
-    """The stateless seed `[2]` of one tree node: (tree, level, end leaf)."""
-    key = tf.random.experimental.stateless_fold_in(
-        tf.cast(noise_key, tf.int64), tf.constant(_SALT_TREE, tf.int64))
-    for word in (tree, level, end):
-        key = tf.random.experimental.stateless_fold_in(key, tf.cast(word, tf.int64))
-    return key
-
-
-def residual_noise(like, stddev, noise_key, step, restarts):
-    """The tree noise released at `step`: `cum(n) − cum(n − 1)` (module docstring).
-
-    Args:
-        like: list of float tensors. The shapes and dtypes of the noise.
-        stddev: float. σC (over the replicas' count, for a replica's share).
-        noise_key: int64 `[2]`. The run's secret noise sub-key.
-        step: int scalar (tensor). The 0-based logical step.
-        restarts: `tfdp.privacy.tree_aggregation.TreeRestarts`.
-
-    Returns:
-        A list of tensors like `like`.
-    """
-    tree, leaf = tree_and_leaf(step, restarts)
-    count = leaf + 1
-    lowest = tf.bitwise.bitwise_and(count, -count)  # 2^k
-    top = noise_lib.gaussian_noise(like, stddev, node_seed(noise_key, tree, lowest, count))
-
-    def body(span, noise):
-        # The block of length `span` = 2^l ending at n − 2^l; its seed's level
-        # word is the span, as the top node's.
-        draws = noise_lib.gaussian_noise(
-            like, stddev, node_seed(noise_key, tree, span, count - span))
-        return span * 2, [n - tf.cast(d, n.dtype) for n, d in zip(noise, draws)]
-
-    _, noise = tf.while_loop(
-        lambda span, noise: span < lowest, body, (tf.constant(1, tf.int64), top))
-    return noise
-
-
-def step_noise(like, stddev, noise_key, step, restarts, leaves_per_step=1):
-    """The tree noise of a step of `leaves_per_step` leaves: Σ of their `residual_noise`.
-
-    Leaf `step · leaves_per_step + j`, j < `leaves_per_step`, is the j-th
-    batch of the step, and the restarts count leaves. Summed leaf by leaf, a
-    step across a restart leaves the finished tree's noise in it, as k
-    separate steps would.
-
-    Args:
-        like: list of float tensors. The shapes and dtypes of the noise.
-        stddev: float. σC of each node.
-        noise_key: int64 `[2]`. The run's secret noise sub-key.
-        step: int scalar (tensor). The 0-based logical step.
-        restarts: `tfdp.privacy.tree_aggregation.TreeRestarts`, in leaves.
-        leaves_per_step: int. k >= 1. Defaults to `1`.
-
-    Returns:
-        A list of tensors like `like`.
-    """
-    k = int(leaves_per_step)
-    first = tf.cast(step, tf.int64) * k
-    if k == 1:
-        return residual_noise(like, stddev, noise_key, first, restarts)
-
-    def body(j, total):
-        noise = residual_noise(like, stddev, noise_key, first + j, restarts)
-        return j + 1, [t + tf.cast(n, t.dtype) for t, n in zip(total, noise)]
-
-    zeros = [tf.zeros_like(x) for x in like]
-    _, noise = tf.while_loop(lambda j, total: j < k, body, (tf.constant(0, tf.int64), zeros))
-    return noise
+__all__ = ["node_seed", "residual_noise", "step_noise", "tree_and_leaf"]

@@ -1,0 +1,200 @@
+"""`NoiseScheme`: the noise a logical step releases, its state and its accounting.
+
+A noise scheme is the one place that knows, for one way of noising the
+summed clipped gradients:
+- the noise of a logical step: a pure function of the run's secret noise
+  key, the step, the shapes and this replica's share of the std (σC / R), and
+  of the scheme's state where it has one;
+- its state across steps: its shape per variable, its initial value, and
+  whether the trainer keeps it in its training checkpoints;
+- its accounting: the DP event of a number of steps (where the engine can
+  form it from the sampler), and the accounting function of `tfdp.privacy`
+  or `tfdp.samplers` it uses (`event_function`).
+
+`tfdp.dp.NoisyAggregator` owns the rest of the step (accumulating, the
+replicas' split of the std, an empty step, the divisor) and asks its scheme
+for the noise; it never branches on the scheme. Adding a scheme is one
+module in this package with one subclass, registered with `@register`
+(importing the package imports every module in it).
+"""
+
+import abc
+
+import tensorflow as tf
+
+_REGISTRY = {}
+
+
+def register(cls):
+    """Class decorator: makes a `NoiseScheme` subclass available by its `name`.
+
+    Args:
+        cls: a `NoiseScheme` subclass with a class attribute `name`.
+
+    Returns:
+        `cls`.
+
+    Raises:
+        ValueError: if `cls` is no `NoiseScheme`, or its name is empty or taken.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, NoiseScheme)):
+        raise ValueError(f"Only a NoiseScheme subclass can be registered. Received: {cls!r}")
+    if not cls.name or cls.name in _REGISTRY:
+        raise ValueError(f"A noise scheme needs a new, unique name. Received: name={cls.name!r}")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def names():
+    """The registered noise scheme names."""
+    return tuple(_REGISTRY)
+
+
+def scheme_class(name):
+    """The registered class of `name`.
+
+    Args:
+        name: str. A registered noise scheme's name.
+
+    Returns:
+        A `NoiseScheme` subclass.
+
+    Raises:
+        ValueError: for a name no scheme registered.
+    """
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"Unknown noise scheme. Expected one of {names()}. Received: scheme={name!r}"
+        ) from None
+
+
+class NoiseScheme(abc.ABC):
+    """One way of noising a logical step's summed clipped gradients.
+
+    Subclasses set `name`, implement `noise` and, where they keep a state or
+    take options, override `state_shape` and `from_options`.
+    """
+
+    name = None
+    # Whether a caller that checkpoints its training keeps the state in its
+    # training checkpoints (the trainer does, through
+    # `tfdp.checkpointing.RunCheckpoint(noise_state=...)`; the Keras route
+    # keeps it in memory only). Never in a model or optimizer save: a state
+    # of past noise is as secret as the key.
+    checkpoint_state = False
+    # The accounting function of `tfdp.privacy` or `tfdp.samplers` that
+    # accounts the scheme, or None where the sampler's own event does.
+    event_function = None
+
+    @classmethod
+    def from_options(cls, *, coefficients=(1.0,), tree=None, leaves_per_step=1):
+        """The scheme for `NoisyAggregator`'s noise options.
+
+        A scheme that takes none of them (the default) refuses any that is
+        not its default, rather than ignore it.
+
+        Args:
+            coefficients: tuple of floats. A banded strategy's c_0 … c_{b-1}.
+                Defaults to `(1.0,)`.
+            tree: `tfdp.privacy.tree_aggregation.TreeRestarts` or None.
+                Defaults to `None`.
+            leaves_per_step: int. Tree leaves per step. Defaults to `1`.
+
+        Returns:
+            A `NoiseScheme`.
+
+        Raises:
+            ValueError: if an option is given that the scheme does not take.
+        """
+        if tuple(coefficients) != (1.0,) or tree is not None or leaves_per_step != 1:
+            raise ValueError(
+                f"The {cls.name!r} noise scheme takes no coefficients, tree or "
+                f"leaves_per_step. Received: coefficients={coefficients!r}, tree={tree!r}, "
+                f"leaves_per_step={leaves_per_step!r}")
+        return cls()
+
+    @property
+    def has_state(self):
+        """Whether the noise depends on earlier steps' noise, kept in a state."""
+        return self.state_shape([]) is not None
+
+    def state_shape(self, shape):
+        """The shape of the state of one variable of `shape`, or None without a state.
+
+        Args:
+            shape: list of ints (or a `TensorShape`). The variable's shape.
+
+        Returns:
+            list of ints, or None.
+        """
+        del shape  # No state.
+        return None
+
+    def initial_state(self, shape):
+        """The state of one variable of `shape` before the first step (float32), or None.
+
+        Args:
+            shape: list of ints (or a `TensorShape`). The variable's shape.
+
+        Returns:
+            A float32 tensor of `state_shape(shape)`, or None without a state.
+        """
+        state_shape = self.state_shape(shape)
+        return None if state_shape is None else tf.zeros(state_shape, tf.float32)
+
+    @abc.abstractmethod
+    def noise(self, like, *, stddev, noise_key, step, state=None):
+        """The noise of one logical step, shaped like each tensor of `like`.
+
+        On R replicas each replica adds its share of one common draw: the
+        same key and step, with `stddev` σC / R, so that the replicas' sum
+        holds the scheme's noise once.
+
+        Args:
+            like: list of float tensors. The step's sums: only their static
+                shapes and dtypes are used.
+            stddev: float. σC / R, this replica's share of the std.
+            noise_key: int64 tensor `[2]`. The run's secret noise sub-key.
+            step: int scalar (tensor). The 0-based logical step.
+            state: list of float variables or None. With a state, one per
+                tensor of `like`, shaped by `state_shape`; read and advanced
+                here. Defaults to `None`.
+
+        Returns:
+            A list of tensors, one per tensor of `like`.
+        """
+
+    def noisy_mean(self, sums, *, stddev, noise_key, step, divisor, state=None):
+        """`(sums + noise) / divisor`, tensor by tensor.
+
+        Args:
+            sums: list of float tensors. The step's summed clipped gradients.
+            stddev, noise_key, step, state: as `noise`'s.
+            divisor: float. B, the public expected batch size.
+
+        Returns:
+            A list of tensors like `sums`.
+        """
+        noise = self.noise(sums, stddev=stddev, noise_key=noise_key, step=step, state=state)
+        return [(s + tf.cast(n, s.dtype)) / divisor for s, n in zip(sums, noise)]
+
+    def dp_event(self, sampler, noise_multiplier, steps):
+        """The `DpEvent` of `steps` logical steps drawn by `sampler`.
+
+        By default each step's noise is independent: the sampler's own event
+        (`tfdp.samplers.Sampler.dp_event`, amplified by its sampling).
+
+        Args:
+            sampler: `tfdp.samplers.Sampler`. How the steps were drawn.
+            noise_multiplier: float. σ.
+            steps: int. Logical steps released.
+
+        Returns:
+            A `dp_accounting.DpEvent`.
+        """
+        return sampler.dp_event(noise_multiplier, steps)
+
+    def __repr__(self):
+        return f"{type(self).__name__}()"
