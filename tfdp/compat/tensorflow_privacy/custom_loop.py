@@ -55,6 +55,7 @@ import keras
 import tensorflow as tf
 
 from tfdp.dp import clipping
+from tfdp.dp import jacobian_clipping
 from tfdp.dp import release_checks
 from tfdp.keras import training_probe
 from tfdp.keras.per_example_loss import per_example_loss_fn
@@ -243,50 +244,6 @@ def microbatch_losses(loss, num_microbatches):
     return tf.reduce_mean(tf.reshape(loss, [groups, -1]), axis=1), rows
 
 
-def clipped_sum(tape, losses, var_list, l2_norm_clip, unconnected_gradients_to_zero):
-    """Σ_j clip(∇ losses[j], C) over the microbatches, one tensor per variable.
-
-    Args:
-        tape: `tf.GradientTape` that recorded `losses`.
-        losses: `[M]` tensor. Microbatch mean losses.
-        var_list: list of variables.
-        l2_norm_clip: float. C.
-        unconnected_gradients_to_zero: bool. A variable the loss does not
-            reach gets zero gradients instead of an error.
-
-    Returns:
-        `(summed, norms)`: a list of tensors shaped like `var_list`, and the
-        `[M]` microbatch gradient norms (NaN/Inf for a dropped one).
-    """
-    unconnected = (tf.UnconnectedGradients.ZERO if unconnected_gradients_to_zero
-                   else tf.UnconnectedGradients.NONE)
-    # Through the tf.Variable a Keras variable holds: TensorFlow's zeros for
-    # an unconnected source need its tf.DType (a Keras variable's is a str).
-    sources = [v.value if isinstance(v, keras.Variable) else v for v in var_list]
-    jacobians = tape.jacobian(losses, sources, unconnected_gradients=unconnected)
-    missing = [v.name for v, j in zip(var_list, jacobians) if j is None]
-    if missing:
-        raise ValueError(
-            "The loss does not depend on some variables of var_list, whose gradients "
-            "are None: pass `unconnected_gradients_to_zero=True` to the optimizer (as "
-            f"in TF-Privacy) or leave them out of var_list. Received: {missing}"
-        )
-    groups = tf.shape(losses)[0]
-    squares = [tf.reduce_sum(tf.reshape(tf.square(j), [groups, -1]), axis=1) for j in jacobians]
-    norms = tf.sqrt(tf.add_n(squares))
-    # The engine's coefficients: min(1, C / ||g_j||), and 0 for a microbatch
-    # whose gradient is NaN/Inf (dropped, as on every route; counted by the
-    # caller). Its rows are zeroed too, since 0 * NaN is NaN.
-    finite = tf.math.is_finite(norms)
-    factors = clipping.clip_coefficients(norms, l2_norm_clip, tf.ones_like(norms))
-    summed = []
-    for j in jacobians:
-        rows = tf.reshape(finite, [-1] + [1] * (j.shape.rank - 1))
-        j = tf.where(rows, j, tf.zeros_like(j))
-        summed.append(tf.tensordot(tf.cast(factors, j.dtype), j, axes=1))
-    return summed, norms
-
-
 def loss_and_tape(loss, var_list, tape):
     """TF-Privacy's `(loss, var_list, tape)` resolved: a callable loss runs under a tape."""
     if not callable(loss) and tape is None:
@@ -346,8 +303,10 @@ def clipped_batch(optimizer, loss, var_list, tape):
         losses, rows = microbatch_losses(loss, optimizer.num_microbatches)
     # Before anything of this batch is clipped or released.
     probe(optimizer, rows, var_list)
-    summed, norms = clipped_sum(tape, losses, var_list, optimizer.l2_norm_clip,
-                                optimizer.unconnected_gradients_to_zero)
+    # The engine's clipping method of a loss vector and its tape.
+    summed, norms = jacobian_clipping.jacobian_clipped_sum(
+        tape, losses, var_list, optimizer.l2_norm_clip,
+        unconnected_gradients_to_zero=optimizer.unconnected_gradients_to_zero)
     prepare(optimizer, rows, var_list)
     # Dropped microbatches are counted, as fit counts them (not covered by ε).
     optimizer.account.count_nonfinite(release_checks.nonfinite_units(norms))
