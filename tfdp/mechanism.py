@@ -248,7 +248,7 @@ class DPSGD:
         """The steps that fit the target ε (all of them without a target).
 
         Every route that runs this contract releases no step beyond it: the
-        trainer's plan (`tfdp.training.run_plan`) and Keras `fit`
+        trainer's plan (`tfdp.training.run_contract`) and Keras `fit`
         (`tfdp.keras.fit_ledger.budget_steps`, for the steps it accounts).
 
         Args:

@@ -103,7 +103,7 @@ def train(workdir, seed=0, strategy_name=None, dry_run=False, *, data_config=Non
 
     from tfdp import distribute
     from tfdp.training import dry_run as dry_run_lib, guards, loop, model_setup, outputs
-    from tfdp.training import reporting, resume, run_data, run_plan, workers
+    from tfdp.training import reporting, resume, run_contract, run_data, workers
 
     data_config = data_config or training.DataConfig()
     model_config = model_config or training.ModelConfig()
@@ -125,50 +125,50 @@ def train(workdir, seed=0, strategy_name=None, dry_run=False, *, data_config=Non
         data = run_data.load_run_data(
             data_config, seed=seed, dry_run=dry_run, privacy_unit=privacy.privacy_unit,
             report_non_dp_statistics=run.report_non_dp_statistics)
-        plan, batching = run_plan.plan_run(
+        contract, batching = run_contract.make_contract_and_batching(
             data.train, dist, privacy=privacy, optimization=optimization, run=run,
             workdir=workdir, read_checkpoint=not dry_run)
         model = model_setup.build_model(dist, data.info, model_config, dry_run=dry_run,
                                         mixed_precision=run.mixed_precision)
-        clipping_plan = run_plan.make_clipping_plan(model, batching, data.info, privacy)
+        clipping_plan = run_contract.make_clipping_plan(model, batching, data.info, privacy)
         method = clipping_plan.method if clipping_plan else privacy.clipping_method
         step_settings = dict(method=method, weight_decay=optimization.weight_decay,
                              augmentation_multiplicity=data_config.augmentation_multiplicity)
         with dist.scope():
-            optimizer = model_setup.make_optimizer(optimization, plan)
-            step_fn = model_setup.make_train_step(model, optimizer, plan, batching, seed=seed,
+            optimizer = model_setup.make_optimizer(optimization, contract)
+            step_fn = model_setup.make_train_step(model, optimizer, contract, batching, seed=seed,
                                                   jit_compile=run.jit_compile, **step_settings)
         ema = model_setup.make_ema(model, model_config.ema_decay)
-        probe = guards.probe_settings(plan.mechanism, group_size=batching.group_size,
+        probe = guards.probe_settings(contract.mechanism, group_size=batching.group_size,
                                       **step_settings)
         if dry_run:
-            return dry_run_lib.dry_run(model, step_fn, data.info, plan, batching,
+            return dry_run_lib.dry_run(model, step_fn, data.info, contract, batching,
                                        clipping_plan=clipping_plan, probe_settings=probe)
 
         # Weights, optimizer state (its iteration count is the step), ledger and,
         # for banded noise, the last b - 1 noise tensors: a resumed run continues
         # the same correlated noise.
-        state = resume.restore_run(workdir, dist, model, optimizer, ema, plan,
+        state = resume.restore_run(workdir, dist, model, optimizer, ema, contract,
                                    noise_state=getattr(step_fn, "noise_state", None),
                                    save_dir=worker.checkpoint_dir)
         # The workdir's summary, on every worker: all of them stop at once.
-        finished = reporting.finished_summary(workdir, state.start_step, plan.budget_steps,
+        finished = reporting.finished_summary(workdir, state.start_step, contract.budget_steps,
                                               workdir)
         if finished is not None:
             return finished
         if out_dir is not None:
             with open(os.path.join(out_dir, "config.gin"), "w") as f:
                 f.write(gin.config_str())
-        run_plan.log_run_plan(model, plan, batching, dataset=data_config.dataset,
-                              clipping_plan=clipping_plan, out_dir=out_dir)
+        run_contract.log_run_contract(model, contract, batching, dataset=data_config.dataset,
+                                      clipping_plan=clipping_plan, out_dir=out_dir)
         adapted = guards.check_before_training(model, data.info, batching, probe)
         reporter = reporting.make_run_reporter(
-            out_dir, plan, state, data, adapted_state=adapted,
+            out_dir, contract, state, data, adapted_state=adapted,
             report_non_dp_statistics=run.report_non_dp_statistics)
         evaluate_epoch = loop.epoch_evaluation(model, data, ema, reporter, config=run)
-        step, epsilon = loop.train_loop(dist, step_fn, ema, state, plan, batching, data,
+        step, epsilon = loop.train_loop(dist, step_fn, ema, state, contract, batching, data,
                                         reporter, evaluate_epoch, seed=seed, config=run)
-        return outputs.write_outputs(out_dir, model, ema, reporter, plan, state, data,
+        return outputs.write_outputs(out_dir, model, ema, reporter, contract, state, data,
                                      steps=step, epsilon=epsilon, config=run)
 
 

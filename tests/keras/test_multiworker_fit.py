@@ -37,7 +37,7 @@ import tensorflow as tf
 import tfdp
 from tfdp import distribute
 from tfdp import secret_key as secret_key_lib
-from tfdp.training import run_plan
+from tfdp.training import run_contract
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = os.path.join(REPO, "tests", "keras", "multiworker_worker.py")
@@ -113,7 +113,7 @@ def test_dp_optimizer_samples_and_noises_with_the_agreed_key(chief_key):
     optimizer = tfdp.DPOptimizer("sgd", l2_norm_clip=1.0, noise_multiplier=1.0)
     assert len(chief_key) == 1 and chief_key[0] != CHIEF
     np.testing.assert_array_equal(optimizer.sampling_key, CHIEF.derive("sampling"))
-    optimizer.mechanism_builder.plan(arrays=True, dataset_size=64, physical_batch_size=16)
+    optimizer.mechanism_builder.route_fit(arrays=True, dataset_size=64, physical_batch_size=16)
     assert optimizer.mechanism.secret_key == CHIEF  # The noise's key.
 
 
@@ -127,7 +127,7 @@ def test_dp_optimizer_given_a_mechanism_takes_the_agreed_key(chief_key):
 
 
 def test_trainer_asks_the_same_rule(chief_key):
-    assert run_plan.requested_key(tf.distribute.get_strategy(), None) == CHIEF
+    assert run_contract.requested_key(tf.distribute.get_strategy(), None) == CHIEF
     assert len(chief_key) == 1
 
 

@@ -17,7 +17,7 @@ import tensorflow as tf
 import tfdp
 from tests.keras import keras_test_case as ktc
 from tfdp.dp import private_step
-from tfdp.keras import fit_plan
+from tfdp.keras import fit_route
 
 
 SEED = 0
@@ -170,15 +170,16 @@ class AccountingTest(ktc.KerasTestCase):
         sampled = tfdp.privacy.epsilon(1.0, steps, 1e-5, sampler="poisson",
                                        dataset_size=60000, batch_size=256)
         self.assertBetween(per_pass, 18.0, 20.0)
-        for plan, dp_kwargs in [
+        for route_args, dp_kwargs in [
             (dict(arrays=True, shuffle=False), {}),
             (dict(arrays=True, shuffle=True), dict(sampler="shuffle")),
             (dict(arrays=False), dict(dataset_size=60000)),
         ]:
-            with self.subTest(**plan):
+            with self.subTest(**route_args):
                 optimizer = tfdp.DPOptimizer("sgd", 1.0, 1.0, delta=1e-5, **dp_kwargs)
-                fit_plan.plan_fit(optimizer, dataset_size=60000 if plan["arrays"] else None,
-                                  physical_batch_size=256, **plan)
+                fit_route.route_fit(optimizer,
+                                    dataset_size=60000 if route_args["arrays"] else None,
+                                    physical_batch_size=256, **route_args)
                 epsilon = optimizer.ledger(steps=steps).epsilon()
                 self.assertAllClose(epsilon, per_pass)
                 self.assertNotAllClose(epsilon, sampled)

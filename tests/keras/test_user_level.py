@@ -83,7 +83,7 @@ class UserBlocksTest(ktc.KerasTestCase):
             chosen_of_cy += chosen
         # A random 3 of 5 each step, not always the same ones.
         self.assertTrue(np.all(chosen_of_cy > 0), chosen_of_cy)
-        self.assertEqual(dp.optimizer.fit_plan.group_size, 3)
+        self.assertEqual(dp.optimizer.fit_route.group_size, 3)
 
 
 class UserSensitivityTest(ktc.KerasTestCase):

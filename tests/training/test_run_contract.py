@@ -14,7 +14,7 @@ from tfdp import data
 from tfdp import privacy
 from tfdp import secret_key
 from tfdp.training import reporting
-from tfdp.training import run_plan
+from tfdp.training import run_contract
 
 N = 1000
 
@@ -22,7 +22,7 @@ N = 1000
 def _mechanism_fn(noise_multiplier=1.1, delta=None):
     def make(steps, key):
         config = tfdp.DPSGDConfig(0.7, noise_multiplier, delta=delta, accountant="rdp")
-        return run_plan.make_mechanism(config, sampler, steps=steps, key=key)
+        return run_contract.make_mechanism(config, sampler, steps=steps, key=key)
     return make
 
 
@@ -30,68 +30,68 @@ sampler = data.train_sampler(N, sampler="poisson", physical_batch_size=64,
                              logical_batch_size=50)
 
 
-class RunPlanTest(tf.test.TestCase):
+class RunContractTest(tf.test.TestCase):
 
-    def _plan(self, workdir, mechanism_fn, seed=None):
+    def _contract(self, workdir, mechanism_fn, seed=None):
         key = (secret_key.SecretKey.insecure_from_seed(seed) if seed is not None
                else secret_key.SecretKey.generate())
-        return run_plan.make_run_plan(sampler, epochs=1.0, key=key, workdir=workdir,
-                                      read_checkpoint=True, mechanism_fn=mechanism_fn)
+        return run_contract.make_run_contract(sampler, epochs=1.0, key=key, workdir=workdir,
+                                              read_checkpoint=True, mechanism_fn=mechanism_fn)
 
-    def test_the_plan_reads_everything_from_its_mechanism(self):
-        plan = self._plan(self.create_tempdir().full_path, _mechanism_fn())
-        mechanism = plan.mechanism
-        self.assertIs(plan.key, mechanism.secret_key)
-        self.assertIs(plan.sampler, mechanism.sampler)
-        self.assertEqual(plan.delta, mechanism.delta)
-        self.assertAllEqual(plan.sampling_key, mechanism.sampling_key)
+    def test_the_contract_reads_everything_from_its_mechanism(self):
+        contract = self._contract(self.create_tempdir().full_path, _mechanism_fn())
+        mechanism = contract.mechanism
+        self.assertIs(contract.key, mechanism.secret_key)
+        self.assertIs(contract.sampler, mechanism.sampler)
+        self.assertEqual(contract.delta, mechanism.delta)
+        self.assertAllEqual(contract.sampling_key, mechanism.sampling_key)
         self.assertEqual(mechanism.l2_norm_clip, 0.7)
-        self.assertEqual(plan.total_steps, sampler.steps_for_epochs(1.0))
-        self.assertEqual(plan.ledger.noise_multiplier, mechanism.noise_multiplier)
+        self.assertEqual(contract.total_steps, sampler.steps_for_epochs(1.0))
+        self.assertEqual(contract.ledger.noise_multiplier, mechanism.noise_multiplier)
         # delta=None is the default of every route.
         self.assertEqual(mechanism.delta, privacy.default_delta(N))
 
-    def test_a_non_private_plan_has_a_key_and_no_contract(self):
-        plan = self._plan(self.create_tempdir().full_path, None)
-        self.assertIsNone(plan.mechanism)
-        self.assertIsNone(plan.ledger)
-        self.assertIsNone(plan.delta)
-        self.assertTrue(plan.key.is_secret)
-        self.assertEqual(plan.budget_steps, plan.total_steps)
+    def test_a_non_private_contract_has_a_key_and_no_mechanism(self):
+        contract = self._contract(self.create_tempdir().full_path, None)
+        self.assertIsNone(contract.mechanism)
+        self.assertIsNone(contract.ledger)
+        self.assertIsNone(contract.delta)
+        self.assertTrue(contract.key.is_secret)
+        self.assertEqual(contract.budget_steps, contract.total_steps)
 
-    def _checkpoint(self, workdir, plan):
+    def _checkpoint(self, workdir, contract):
         model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
         optimizer = keras.optimizers.SGD()
         optimizer.build(model.trainable_variables)
         ckpt = checkpointing.RunCheckpoint(os.path.join(workdir, "checkpoints"), model,
-                                           optimizer, secret_key=plan.key)
-        ckpt.save(0, plan.ledger)
+                                           optimizer, secret_key=contract.key)
+        ckpt.save(0, contract.ledger)
 
-    def test_a_resumed_plan_continues_the_checkpoints_key(self):
+    def test_a_resumed_contract_continues_the_checkpoints_key(self):
         workdir = self.create_tempdir().full_path
-        first = self._plan(workdir, _mechanism_fn())
+        first = self._contract(workdir, _mechanism_fn())
         self._checkpoint(workdir, first)
-        resumed = self._plan(workdir, _mechanism_fn())
+        resumed = self._contract(workdir, _mechanism_fn())
         self.assertIsNotNone(resumed.resume_point)
         self.assertEqual(resumed.key.words.tolist(), first.key.words.tolist())
         self.assertIs(resumed.key, resumed.mechanism.secret_key)
 
     def test_a_checkpoint_of_another_contract_is_refused(self):
         workdir = self.create_tempdir().full_path
-        self._checkpoint(workdir, self._plan(workdir, _mechanism_fn()))
+        self._checkpoint(workdir, self._contract(workdir, _mechanism_fn()))
         with self.assertRaisesRegex(ValueError, "another privacy configuration.*noise_multiplier"):
-            self._plan(workdir, _mechanism_fn(noise_multiplier=2.0))
+            self._contract(workdir, _mechanism_fn(noise_multiplier=2.0))
         with self.assertRaisesRegex(ValueError, "written by a private run"):
-            self._plan(workdir, None)
+            self._contract(workdir, None)
 
     def test_batching_refuses_a_logical_batch_above_n(self):
         with self.assertRaisesRegex(ValueError, "must not exceed the dataset size"):
-            run_plan.make_batching(40, sampler="poisson", privacy_unit="example", group_size=1,
-                                   logical_batch_size=50, physical_batch_size=64,
-                                   pad_granule="auto", replicas=1)
+            run_contract.make_batching(40, sampler="poisson", privacy_unit="example",
+                                       group_size=1, logical_batch_size=50,
+                                       physical_batch_size=64, pad_granule="auto", replicas=1)
 
     def test_banded_batching_draws_from_b_groups_of_at_least_b_times_the_batch(self):
-        batching = run_plan.make_batching(
+        batching = run_contract.make_batching(
             N, sampler="banded_poisson", privacy_unit="example", group_size=1,
             logical_batch_size=50, physical_batch_size=64, pad_granule="auto", replicas=1,
             bands=4)
@@ -99,44 +99,44 @@ class RunPlanTest(tf.test.TestCase):
         self.assertEqual(batching.sampler.bands, 4)
         self.assertAllClose(batching.sampler.group_sampling_rate, 4 * 50 / N)
         with self.assertRaisesRegex(ValueError, "bands × logical_batch_size must not exceed"):
-            run_plan.make_batching(
+            run_contract.make_batching(
                 N, sampler="banded_poisson", privacy_unit="example", group_size=1,
                 logical_batch_size=50, physical_batch_size=64, pad_granule="auto",
                 replicas=1, bands=21)
 
     def test_a_banded_budget_stops_at_its_last_round_within_the_target(self):
-        banded = run_plan.make_batching(
+        banded = run_contract.make_batching(
             N, sampler="banded_poisson", privacy_unit="example", group_size=1,
             logical_batch_size=50, physical_batch_size=64, pad_granule="auto", replicas=1,
             bands=4).sampler
 
         def make(steps, key):
             config = tfdp.DPSGDConfig(1.0, 1.0, target_epsilon=2.0, delta=1e-5, bands=4)
-            return run_plan.make_mechanism(config, banded, steps=steps, key=key)
+            return run_contract.make_mechanism(config, banded, steps=steps, key=key)
 
-        plan = run_plan.make_run_plan(banded, epochs=20.0, key=secret_key.SecretKey.generate(),
-                                      workdir=self.create_tempdir().full_path,
-                                      read_checkpoint=True, mechanism_fn=make)
-        budget = plan.budget_steps
-        self.assertLess(budget, plan.total_steps)
-        self.assertLessEqual(plan.mechanism.epsilon(budget), 2.0)
-        self.assertGreater(plan.mechanism.epsilon(budget + 1), 2.0)
+        contract = run_contract.make_run_contract(
+            banded, epochs=20.0, key=secret_key.SecretKey.generate(),
+            workdir=self.create_tempdir().full_path, read_checkpoint=True, mechanism_fn=make)
+        budget = contract.budget_steps
+        self.assertLess(budget, contract.total_steps)
+        self.assertLessEqual(contract.mechanism.epsilon(budget), 2.0)
+        self.assertGreater(contract.mechanism.epsilon(budget + 1), 2.0)
         # ε moves once per round of b = 4 steps: the stop is a round's last step.
         self.assertEqual(budget % 4, 0)
-        self.assertEqual(plan.ledger.bands, 4)
+        self.assertEqual(contract.ledger.bands, 4)
 
     def test_user_batching_counts_users(self):
         rng = np.random.default_rng(0)
         source = data.ArraySource(rng.normal(size=(60, 2, 2, 1)).astype("float32"),
                                   np.zeros(60, np.int64), data.DatasetInfo("mock", 2, (2, 2, 1)),
                                   user_ids=np.repeat(np.arange(20), 3))
-        batching = run_plan.make_batching(
+        batching = run_contract.make_batching(
             source, sampler="poisson", privacy_unit="user", group_size=2, logical_batch_size=5,
             physical_batch_size=8, pad_granule="auto", replicas=1)
         self.assertEqual(batching.sampler.dataset_size, 20)
         self.assertEqual(batching.pad_granule % 2, 0)
         with self.assertRaisesRegex(ValueError, "multiple of max_examples_per_user"):
-            run_plan.make_batching(
+            run_contract.make_batching(
                 source, sampler="poisson", privacy_unit="user", group_size=3,
                 logical_batch_size=5, physical_batch_size=8, pad_granule="auto", replicas=1)
 

@@ -9,7 +9,7 @@
 - `callbacks`: `PrivacyLogger` (epsilon in the logs) and `PrivacyBudget`.
 
 A `fit` runs one way through the modules here: `fit_inputs` (checks),
-`fit_plan` (the route, sampler and mechanism, via `mechanism_builder`),
+`fit_route` (the route, sampler and mechanism, via `mechanism_builder`),
 `array_batches` (the physical batches), `train_function` (Keras' loop, epochs
 and strategies), `private_update` (clip, accumulate, noise, apply), and
 `fit_ledger` / `privacy_account` (what was released, accounted).

@@ -2,9 +2,9 @@
 
 `DPModel` wraps any built or unbuilt Keras model (Functional, Sequential or
 subclassed). Its `fit` runs one way: it checks its inputs
-(`tfdp.keras.fit_inputs`), plans once (`tfdp.keras.fit_plan.plan_fit`: the
-route, the sampler, the mechanism, the steps of an epoch), draws the plan's
-batches (Poisson or shuffled batches of arrays, Poisson-sampled users, or a
+(`tfdp.keras.fit_inputs`), fixes its route once (`tfdp.keras.fit_route.route_fit`:
+the route's kind, the sampler, the mechanism, the steps of an epoch), draws the
+route's batches (Poisson or shuffled batches of arrays, Poisson-sampled users, or a
 stream's batches, never a step across two epochs), and trains them with
 Keras' loop (`tfdp.keras.train_function`), whose `train_step` is the private
 update (`tfdp.keras.private_update`: clip, accumulate, noise, apply).
@@ -26,7 +26,7 @@ from keras.src.losses import loss as loss_module
 
 from tfdp.dp import layer_taps
 from tfdp.keras import fit_inputs
-from tfdp.keras import fit_plan as fit_plan_lib
+from tfdp.keras import fit_route as fit_route_lib
 from tfdp.keras import private_update
 from tfdp.keras import release_guard
 from tfdp.keras import train_function
@@ -234,23 +234,23 @@ class DPModel(keras.Model):
                     class_weight=class_weight, validation_split=validation_split,
                     validation_data=validation_data))
             physical = batch_size or 32  # Keras' default for arrays.
-            plan = fit_plan_lib.plan_fit(optimizer, arrays=True, dataset_size=dataset_size,
-                                         physical_batch_size=physical,
-                                         shuffle=bool(shuffle), user_ids=ids, epochs=epochs)
-            logical_steps = steps_per_epoch or plan.steps_per_epoch
+            route = fit_route_lib.route_fit(optimizer, arrays=True, dataset_size=dataset_size,
+                                            physical_batch_size=physical,
+                                            shuffle=bool(shuffle), user_ids=ids, epochs=epochs)
+            logical_steps = steps_per_epoch or route.steps_per_epoch
             guard = release_guard.ReleaseGuard.for_fit(
                 optimizer, logical_steps, epochs - kwargs.get("initial_epoch", 0))
             if guard.spent(optimizer):  # The budget allows no step: run none.
                 return release_guard.empty_history(self)
-            return self._fit_arrays(x, y, sample_weight, plan, logical_steps,
+            return self._fit_arrays(x, y, sample_weight, route, logical_steps,
                                     [guard] + callbacks, common)
         fit_inputs.check_stream_route(
             x, replicas_synchronise=train_function.synchronises(strategy),
             replicas=replicas, jit_compile=self.jit_compile)
         physical = fit_inputs.stream_batch_size(x, batch_size)
-        plan = fit_plan_lib.plan_fit(optimizer, arrays=False, physical_batch_size=physical,
-                                     shuffle=bool(shuffle), epochs=epochs)
-        plan.target_rule = target_rule
+        route = fit_route_lib.route_fit(optimizer, arrays=False, physical_batch_size=physical,
+                                        shuffle=bool(shuffle), epochs=epochs)
+        route.target_rule = target_rule
         pass_limit = optimizer.account.pass_limit
         if pass_limit is not None and isinstance(x, tf.data.Dataset):
             fit_inputs.check_stream_pass(x, pass_limit)
@@ -258,7 +258,7 @@ class DPModel(keras.Model):
             optimizer, None, epochs - kwargs.get("initial_epoch", 0))
         if guard.spent(optimizer):  # The budget allows no step: run none.
             return release_guard.empty_history(self)
-        self._dp_prepare(plan, physical, None)
+        self._dp_prepare(route, physical, None)
         common["callbacks"] = [train_function.EpochBoundary(check_pass=True),
                                guard] + callbacks
         return super().fit(x, y, batch_size=batch_size, validation_split=validation_split,
@@ -266,42 +266,42 @@ class DPModel(keras.Model):
                            sample_weight=sample_weight, steps_per_epoch=steps_per_epoch,
                            **common)
 
-    def _fit_arrays(self, x, y, sample_weight, plan, logical_steps, callbacks, common):
+    def _fit_arrays(self, x, y, sample_weight, route, logical_steps, callbacks, common):
         """`fit` on arrays, on one device or over the strategy's R replicas (see `fit`).
 
         Under a strategy each replica trains its share of every physical
-        batch (`FitPlan.replica_batches`), clipping and summing its own rows;
+        batch (`FitRoute.replica_batches`), clipping and summing its own rows;
         the noise is added once (`LogicalStep.noisy_mean`), so the update is
         the one-device update.
         """
         optimizer = self.dp_optimizer
         strategy = self.distribute_strategy
-        physical = plan.physical_batch_size
+        physical = route.physical_batch_size
         synchronised = train_function.synchronises(strategy)
         first_step = optimizer.logical_step.epoch_first_step
         if synchronised:
-            dataset = plan.replica_batches(strategy, x, y, sample_weight,
-                                           optimizer.sampling_key, first_step)
+            dataset = route.replica_batches(strategy, x, y, sample_weight,
+                                            optimizer.sampling_key, first_step)
         else:
-            dataset = plan.array_batches(
+            dataset = route.array_batches(
                 x, y, sample_weight, optimizer.sampling_key, first_step,
-                steps_per_epoch=None if plan.variable_steps else logical_steps)
+                steps_per_epoch=None if route.variable_steps else logical_steps)
         replicas = strategy.num_replicas_in_sync if synchronised else 1
-        if plan.variable_steps:
+        if route.variable_steps:
             # Keras counts logical steps (`train_function.LogicalStepFunction`);
             # the dataset runs on, from step to step, across the epochs.
             common["steps_per_epoch"] = logical_steps
         elif synchronised:
             common["steps_per_epoch"] = logical_steps * (
-                plan.sampler.logical_batch_size // physical)
+                route.sampler.logical_batch_size // physical)
         else:
             # N // B steps of B / P batches each: Keras knows each epoch's end.
             dataset = dataset.apply(tf.data.experimental.assert_cardinality(
-                logical_steps * (plan.sampler.logical_batch_size // physical)))
+                logical_steps * (route.sampler.logical_batch_size // physical)))
         common["callbacks"] = [train_function.EpochBoundary(
-            logical_steps if plan.variable_steps else None)] + callbacks
+            logical_steps if route.variable_steps else None)] + callbacks
         common.setdefault("validation_batch_size", physical)
-        self._dp_prepare(plan, physical // replicas, logical_steps)
+        self._dp_prepare(route, physical // replicas, logical_steps)
         return self._fit_batches(dataset, x, y, physical // replicas, common)
 
     def _fit_batches(self, dataset, x, y, rows, common):
@@ -323,16 +323,16 @@ class DPModel(keras.Model):
             iterator, data_batch = None, batch
         return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
 
-    def _dp_prepare(self, plan, physical_batch_size, logical_steps):
+    def _dp_prepare(self, route, physical_batch_size, logical_steps):
         """Retraces the train step when the route or the mechanism changed."""
         optimizer = self.dp_optimizer
-        traced_for = (plan.route, plan.variable_steps, id(optimizer.mechanism))
+        traced_for = (route.kind, route.variable_steps, id(optimizer.mechanism))
         if getattr(self, "_dp_traced_for", None) != traced_for:
             self.train_function = None
             self._dp_traced_for = traced_for
-        self._dp_marks_last = plan.marks_last_batch
+        self._dp_marks_last = route.marks_last_batch
         self._dp_fit_batch_size = physical_batch_size
-        self._dp_logical_steps = logical_steps if plan.variable_steps else None
+        self._dp_logical_steps = logical_steps if route.variable_steps else None
 
     def make_train_function(self, force=False):
         """Keras' train function; for steps of random size, one call is one logical step.

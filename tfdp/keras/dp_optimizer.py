@@ -268,7 +268,7 @@ class DPOptimizer(keras.optimizers.Optimizer):
     privacy_unit = _request_property("privacy_unit", '"example" or "user".')
     bands = _request_property("bands", 'b (1: DP-SGD).')
     max_examples_per_user = _request_property("max_examples_per_user", 'k, or None.')
-    fit_plan = _request_property("fit_plan", "The last `fit`'s plan, or None.")
+    fit_route = _request_property("fit_route", "The last `fit`'s route, or None.")
 
     @property
     def mechanism(self):
@@ -294,15 +294,15 @@ class DPOptimizer(keras.optimizers.Optimizer):
     @property
     def logical_batch_size(self):
         """B (the divisor) of the mechanism in use, or None before `fit`."""
-        if self.mechanism_builder.fit_plan is None:
+        if self.mechanism_builder.fit_route is None:
             return None
         return self.mechanism.expected_batch_size
 
     @property
     def group_size(self):
         """Rows of one privacy unit in a physical batch (k for users, else 1)."""
-        plan = self.fit_plan
-        return 1 if plan is None else plan.group_size
+        route = self.fit_route
+        return 1 if route is None else route.group_size
 
     def clipping_groups(self, x, batch_size=None):
         """`(x, rows)`: the batch `x`, and its consecutive rows clipped as one unit.
@@ -382,7 +382,7 @@ class DPOptimizer(keras.optimizers.Optimizer):
     @property
     def counts_passes(self):
         """Whether the ledger counts the passes of a streamed input."""
-        return self.fit_plan is not None and self.fit_plan.counts_passes
+        return self.fit_route is not None and self.fit_route.counts_passes
 
     def start_epoch(self):
         """Discards the unfinished logical step, unreleased (eager).

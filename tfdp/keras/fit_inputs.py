@@ -1,4 +1,4 @@
-"""What `DPModel.fit` checks and prepares of its inputs before planning.
+"""What `DPModel.fit` checks and prepares of its inputs before fixing its route.
 
 Arrays: their targets (`TargetRule`: labels in range, finite targets of the
 output's shape), user ids and validation split (by user under user-level

@@ -1,7 +1,7 @@
 """The privacy ledger of a private Keras `fit`: what it drew, accounted.
 
 The mechanism that accounts a `fit` is the one that drew its batches: the
-plan's sampler with its N and B, at the bound σ (perhaps calibrated), also
+route's sampler with its N and B, at the bound σ (perhaps calibrated), also
 where the noise was divided by another public divisor, at the optimizer's
 `sensitivity`. For a streamed input the steps are at least one whole pass per
 epoch that released a step (`PrivacyAccount.accounted_steps`).
@@ -18,7 +18,7 @@ def accounting_mechanism(builder, dataset_size=None, delta=None):
 
     Args:
         builder: `tfdp.keras.mechanism_builder.MechanismBuilder`. The
-            optimizer's request and the plan of its last `fit`.
+            optimizer's request and the route of its last `fit`.
         dataset_size: int or None. Overrides N (privacy units).
         delta: float or None. Overrides δ.
 
@@ -38,8 +38,8 @@ def accounting_mechanism(builder, dataset_size=None, delta=None):
     if mech.sampler is not None and not dataset_size and not delta:
         return mech
     # A mechanism without a sampler (a stream, or a divisor other than B):
-    # the plan's sampler drew the batches, if there is one.
-    sampler = mech.sampler or (builder.fit_plan.sampler if builder.fit_plan else None)
+    # the route's sampler drew the batches, if there is one.
+    sampler = mech.sampler or (builder.fit_route.sampler if builder.fit_route else None)
     n = dataset_size or (sampler.dataset_size if sampler else builder.dataset_size)
     if not n:
         raise ValueError(
@@ -51,7 +51,7 @@ def accounting_mechanism(builder, dataset_size=None, delta=None):
     if sampler is not None:
         name, batch = sampler.name, sampler.logical_batch_size
     else:
-        name = builder.fit_plan.sampler_name
+        name = builder.fit_route.sampler_name
         batch = (builder.planned_batch_size if builder.planned_batch_size is not None
                  else int(round(mech.expected_batch_size)))
     delta = delta or builder.delta or privacy_accounting.default_delta(n)
@@ -98,12 +98,12 @@ def budget_steps(optimizer, planned_steps):
     """The accounted steps a `fit` may reach under the contract's target ε.
 
     `tfdp.DPSGD.budget_steps` of the mechanism that accounts the fit (the
-    plan's sampler, N and B, at the optimizer's `sensitivity`): for Poisson
+    route's sampler, N and B, at the optimizer's `sensitivity`): for Poisson
     steps, shuffled passes, or a stream's passes (whose accounted steps are
     whole passes, `PrivacyAccount.accounted_steps`).
 
     Args:
-        optimizer: `tfdp.DPOptimizer`, after `plan_fit`.
+        optimizer: `tfdp.DPOptimizer`, after `route_fit`.
         planned_steps: int. The accounted steps the fit would reach, in all.
 
     Returns:

@@ -1,10 +1,10 @@
-"""`plan_fit` / `FitPlan`: how one `DPModel.fit` call feeds the examples to the update.
+"""`route_fit` / `FitRoute`: how one `DPModel.fit` call feeds the examples to the update.
 
-`fit` plans once, before training: the route (arrays in random order, arrays
-in their order, a stream), the sampler and the mechanism it fixes, the steps
-of an epoch and whether the batches mark the last of each logical step. The
-batches then follow the plan (`FitPlan.array_batches`), and the private
-update (`tfdp.keras.private_update`) consumes them.
+`fit` fixes its route once, before training: its kind (arrays in random
+order, arrays in their order, a stream), the sampler and the mechanism it
+fixes, the steps of an epoch and whether the batches mark the last of each
+logical step. The batches then follow the route (`FitRoute.array_batches`),
+and the private update (`tfdp.keras.private_update`) consumes them.
 """
 
 import warnings
@@ -18,18 +18,18 @@ from tfdp.samplers import amplification
 # The optimizers already warned of weak amplification: once per run, not per fit call.
 _WARNED = weakref.WeakSet()
 
-# How `fit` feeds the examples (the route), whatever the sampler:
+# How `fit` feeds the examples (the route's kind), whatever the sampler:
 SAMPLED = "sampled"  # Arrays, batches drawn by the sampler with the secret key.
 ORDERED = "ordered"  # Arrays, `shuffle=False`: the arrays' order.
 STREAM = "stream"  # A tf.data.Dataset (or other iterable): the user's batches.
-ARRAY_ROUTES = (SAMPLED, ORDERED)
+ARRAY_KINDS = (SAMPLED, ORDERED)
 
 
-class FitPlan:
-    """What `plan_fit` decided for one `fit` call.
+class FitRoute:
+    """The route of one `fit` call: what `route_fit` decided.
 
     Args:
-        route: str. One of `SAMPLED`, `ORDERED`, `STREAM`.
+        kind: str. One of `SAMPLED`, `ORDERED`, `STREAM`.
         sampler: `tfdp.samplers.Sampler` or None. Draws the array routes'
             logical steps, with the fit batch size as physical batch size;
             for a stream, accounts its passes (None without a known N).
@@ -47,10 +47,10 @@ class FitPlan:
             (`checks_targets_in_graph`), before anything of them is released.
     """
 
-    def __init__(self, route, sampler, steps_per_epoch, sampler_name,
+    def __init__(self, kind, sampler, steps_per_epoch, sampler_name,
                  physical_batch_size=None):
         self.target_rule = None
-        self.route = route
+        self.kind = kind
         self.physical_batch_size = physical_batch_size
         self.sampler = sampler
         self.steps_per_epoch = steps_per_epoch
@@ -59,17 +59,17 @@ class FitPlan:
     @property
     def marks_last_batch(self):
         """Whether the batches carry the `last` flag of their logical step."""
-        return self.route in ARRAY_ROUTES
+        return self.kind in ARRAY_KINDS
 
     @property
     def ordered(self):
         """Whether the arrays are taken in their own order (`shuffle=False`)."""
-        return self.route == ORDERED
+        return self.kind == ORDERED
 
     @property
     def variable_steps(self):
         """Whether the array steps vary in size (so epochs vary in batches)."""
-        return self.route in ARRAY_ROUTES and not self.sampler.fixed_size_steps
+        return self.kind in ARRAY_KINDS and not self.sampler.fixed_size_steps
 
     @property
     def checks_targets_in_graph(self):
@@ -77,17 +77,17 @@ class FitPlan:
 
         Arrays are checked whole before any step (`TargetRule.check`).
         """
-        return self.route == STREAM and self.target_rule is not None
+        return self.kind == STREAM and self.target_rule is not None
 
     @property
     def counts_passes(self):
         """Whether the ledger counts the passes of the user's stream."""
-        return self.route == STREAM
+        return self.kind == STREAM
 
     @property
     def group_size(self):
         """Rows of one privacy unit in a physical batch, clipped as one group."""
-        if self.route in ARRAY_ROUTES:
+        if self.kind in ARRAY_KINDS:
             return self.sampler.group_size
         return 1
 
@@ -139,13 +139,13 @@ class FitPlan:
         return distribute.distribute_train_pipeline(strategy, make_pipeline, physical)
 
 
-def plan_fit(optimizer, *, arrays, dataset_size=None, physical_batch_size=None,
+def route_fit(optimizer, *, arrays, dataset_size=None, physical_batch_size=None,
              shuffle=True, user_ids=None, epochs=None):
     """Fixes the route, the sampler and the mechanism of a `fit` call (eager).
 
     Args:
         optimizer: `tfdp.DPOptimizer`. Its request is bound to the route's
-            sampler (`MechanismBuilder.plan`), and its account told whether
+            sampler (`MechanismBuilder.route_fit`), and its account told whether
             a stream's passes are counted.
         arrays: bool. Whether `fit` got arrays (random access), which tfdp
             batches itself; else a stream of the user's batches.
@@ -160,7 +160,7 @@ def plan_fit(optimizer, *, arrays, dataset_size=None, physical_batch_size=None,
             optimizer). Defaults to None (one epoch).
 
     Returns:
-        A `FitPlan`.
+        A `FitRoute`.
 
     Raises:
         ValueError: for a streamed input with a sampler that needs random
@@ -169,15 +169,15 @@ def plan_fit(optimizer, *, arrays, dataset_size=None, physical_batch_size=None,
             Keras checkpoint.
     """
     optimizer.logical_step.check_resumable()
-    plan = optimizer.mechanism_builder.plan(
+    route = optimizer.mechanism_builder.route_fit(
         arrays=arrays, dataset_size=dataset_size, physical_batch_size=physical_batch_size,
         shuffle=shuffle, user_ids=user_ids)
-    n = plan.sampler.dataset_size if plan.sampler is not None else None
+    n = route.sampler.dataset_size if route.sampler is not None else None
     # A stream is trusted to hold each example at most once per pass; its
     # passes are counted against N (`PrivacyAccount.check_pass`).
-    optimizer.account.set_route(plan.counts_passes, n if plan.counts_passes else None)
-    _warn_weak_amplification(optimizer, plan.sampler, epochs)
-    return plan
+    optimizer.account.set_route(route.counts_passes, n if route.counts_passes else None)
+    _warn_weak_amplification(optimizer, route.sampler, epochs)
+    return route
 
 
 def _warn_weak_amplification(optimizer, sampler, epochs):

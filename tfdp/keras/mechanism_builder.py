@@ -16,16 +16,16 @@ from tfdp import samplers
 from tfdp import secret_key as secret_key_lib
 from tfdp import validation
 from tfdp.dp import noisy_aggregator
-from tfdp.keras import fit_plan as fit_plan_lib
+from tfdp.keras import fit_route as fit_route_lib
 
-# The sampler `fit` asks for when none is given, by route: Poisson sampling
+# The sampler `fit` asks for when none is given, by route kind: Poisson sampling
 # for arrays in random order (accounted with amplification), shuffle for a
 # fixed order or a stream (the bound that holds for any order). Its form for
 # the privacy unit and the bands is `tfdp.samplers.resolve_name`'s.
 DEFAULT_SAMPLERS = {
-    fit_plan_lib.SAMPLED: "poisson",
-    fit_plan_lib.ORDERED: "shuffle",
-    fit_plan_lib.STREAM: "shuffle",
+    fit_route_lib.SAMPLED: "poisson",
+    fit_route_lib.ORDERED: "shuffle",
+    fit_route_lib.STREAM: "shuffle",
 }
 
 
@@ -36,7 +36,7 @@ class MechanismBuilder:
     sampler asked for, the privacy unit and the accountant, validated when
     the optimizer is made), and binds it to each `fit` once the route has
     fixed the sampler, N and B: `mechanism` is the `tfdp.DPSGD` of the last
-    `plan` (or the one given), None before. C, σ and δ live in the request
+    `route_fit` (or the one given), None before. C, σ and δ live in the request
     (or the given mechanism) alone; the builder keeps the key and what a
     `fit` settles (B and N as asked, or None for "from the inputs").
 
@@ -75,14 +75,14 @@ class MechanismBuilder:
                  max_examples_per_user=None, gradient_accumulation_steps=1, bands=1,
                  band_coefficients=None, target_epsilon=None):
         self.accumulation_steps = gradient_accumulation_steps
-        self.fit_plan = None
+        self.fit_route = None
         self.aggregator = None
-        self._plan_key = None
+        self._route_key = None
         # A public divisor other than B (`set_noise_divisor`); None: B.
         self.noise_divisor = None
         # The aggregator's own options (`set_aggregator_options`).
         self.aggregator_options = {}
-        # B of the last plan, in privacy units: what the ledger accounts,
+        # B of the last route, in privacy units: what the ledger accounts,
         # also where the noise divisor is not B (`tfdp.keras.fit_ledger`).
         self.planned_batch_size = None
         if mechanism is not None:
@@ -104,7 +104,7 @@ class MechanismBuilder:
                 f"l2_norm_clip={l2_norm_clip}, noise_multiplier={noise_multiplier}"
             )
         self.given = False
-        # Validated here, where the user gives it; bound at each `plan`.
+        # Validated here, where the user gives it; bound at each `route_fit`.
         self.request = dpsgd_config.DPSGDConfig(
             l2_norm_clip, noise_multiplier, delta=delta, accountant=accountant,
             sampler=sampler, privacy_unit=privacy_unit,
@@ -118,7 +118,7 @@ class MechanismBuilder:
         self.secret_key = distribute.agreed_key(
             tf.distribute.get_strategy(),
             secret_key_lib.SecretKey.resolve(insecure_seed=insecure_reproducible_seed))
-        self.mechanism = None  # Bound by `plan`, once B is known.
+        self.mechanism = None  # Bound by `route_fit`, once B is known.
 
     def _init_given(self, mechanism, **others):
         if not isinstance(mechanism, mechanism_lib.DPSGD):
@@ -161,7 +161,7 @@ class MechanismBuilder:
 
     @property
     def delta(self):
-        """δ: the given mechanism's, else as asked (None: by N at each `plan`)."""
+        """δ: the given mechanism's, else as asked (None: by N at each `route_fit`)."""
         return self.mechanism.delta if self.given else self.request.delta
 
     @property
@@ -179,8 +179,8 @@ class MechanismBuilder:
 
     @property
     def current(self):
-        """The mechanism of the last `plan`, or the given one; None before a plan."""
-        return self.mechanism if (self.given or self.fit_plan is not None) else None
+        """The mechanism of the last `route_fit`, or the given one; None before a route."""
+        return self.mechanism if (self.given or self.fit_route is not None) else None
 
     def set_noise_divisor(self, divisor):
         """Divides the noisy sum by the public `divisor` instead of B.
@@ -188,17 +188,17 @@ class MechanismBuilder:
         For an optimizer that clips groups of rows (`clipping_groups`) and
         divides by the number of groups. The mechanism then carries no
         sampler (its divisor is not B); `tfdp.keras.fit_ledger` accounts the
-        sampler and B of the plan, at the optimizer's `sensitivity`.
+        sampler and B of the route, at the optimizer's `sensitivity`.
         """
         self.noise_divisor = None if divisor is None else float(divisor)
-        self._plan_key = None
+        self._route_key = None
 
     def set_aggregator_options(self, **options):
-        """Options of the `NoisyAggregator` of each plan, e.g. `tree=` (DP-FTRL's noise)."""
+        """Options of the `NoisyAggregator` of each route, e.g. `tree=` (DP-FTRL's noise)."""
         self.aggregator_options = dict(options)
-        self._plan_key = None
+        self._route_key = None
 
-    def plan(self, *, arrays, dataset_size=None, physical_batch_size=None, shuffle=True,
+    def route_fit(self, *, arrays, dataset_size=None, physical_batch_size=None, shuffle=True,
              user_ids=None):
         """Fixes the route, the sampler and the mechanism of a `fit` call.
 
@@ -212,14 +212,14 @@ class MechanismBuilder:
                 [0, N) (under `privacy_unit="user"`).
 
         Returns:
-            A `FitPlan`.
+            A `FitRoute`.
         """
         unit = self.privacy_unit
         if arrays:
-            route = fit_plan_lib.SAMPLED if shuffle else fit_plan_lib.ORDERED
+            kind = fit_route_lib.SAMPLED if shuffle else fit_route_lib.ORDERED
         else:
-            route = fit_plan_lib.STREAM
-        name = self._sampler_name(route)
+            kind = fit_route_lib.STREAM
+        name = self._sampler_name(kind)
         cls = samplers.sampler_class(name)
         if arrays and cls.amplified and not shuffle:
             fix = ("use shuffle=True" if cls.privacy_unit != "example" else
@@ -251,7 +251,7 @@ class MechanismBuilder:
         batch, n = self._sizes(arrays, dataset_size, physical_batch_size)
         self.planned_batch_size = batch
         sampler = None
-        if route in fit_plan_lib.ARRAY_ROUTES:
+        if kind in fit_route_lib.ARRAY_KINDS:
             sampler = samplers.make_sampler(
                 name, dataset_size=n, logical_batch_size=batch,
                 physical_batch_size=physical_batch_size,
@@ -260,32 +260,32 @@ class MechanismBuilder:
             # Accounting only: the per-pass bound needs N and B, not P.
             sampler = samplers.for_accounting(name, None, dataset_size=n, batch_size=batch,
                                               **self._sampler_options(cls, None))
-        key = (route, sampler, batch, self.delta, self.noise_divisor)
-        if key != self._plan_key:
+        key = (kind, sampler, batch, self.delta, self.noise_divisor)
+        if key != self._route_key:
             if not self.given:
                 self.mechanism = self._fit_mechanism(sampler, batch)
             with tf.init_scope():  # May run while a train step is traced.
                 self.aggregator = noisy_aggregator.NoisyAggregator.for_mechanism(
                     self.mechanism, **self.aggregator_options)
-            self._plan_key = key
+            self._route_key = key
         steps = None
-        if route in fit_plan_lib.ARRAY_ROUTES:
+        if kind in fit_route_lib.ARRAY_KINDS:
             steps = max(1, int(round(sampler.steps_per_epoch)))
-        self.fit_plan = fit_plan_lib.FitPlan(route, sampler, steps, name,
-                                             physical_batch_size)
-        return self.fit_plan
+        self.fit_route = fit_route_lib.FitRoute(kind, sampler, steps, name,
+                                                physical_batch_size)
+        return self.fit_route
 
     @property
     def bands(self):
         """b: the bands of the noise (1 for DP-SGD)."""
         return self.request.bands
 
-    def _sampler_name(self, route):
+    def _sampler_name(self, kind):
         if self.given:
             sampler = self.mechanism.sampler
             if sampler is not None:
                 return sampler.name
-            if route in fit_plan_lib.ARRAY_ROUTES:
+            if kind in fit_route_lib.ARRAY_KINDS:
                 raise ValueError(
                     "fit on arrays draws its batches with the mechanism's sampler; "
                     "build the DPSGD with one. Received: sampler=None"
@@ -294,7 +294,7 @@ class MechanismBuilder:
             return self.sampler
         # Users have one sampler (Poisson), which every route takes and then
         # refuses where it cannot draw it; bands > 1 keep a unit's steps apart.
-        requested = "poisson" if self.privacy_unit == "user" else DEFAULT_SAMPLERS[route]
+        requested = "poisson" if self.privacy_unit == "user" else DEFAULT_SAMPLERS[kind]
         return samplers.resolve_name(requested, privacy_unit=self.privacy_unit,
                                      bands=self.bands)
 
@@ -359,7 +359,7 @@ class MechanismBuilder:
         request = self.request.replace(delta=self.request.delta_for(n))
         if self.noise_divisor is not None:
             # The divisor is not B, so this mechanism carries no sampler;
-            # `tfdp.keras.fit_ledger` accounts the plan's.
+            # `tfdp.keras.fit_ledger` accounts the route's.
             return mechanism_lib.DPSGD.from_config(
                 request, expected_batch_size=self.noise_divisor, secret_key=self.secret_key)
         if sampler is None:

@@ -92,12 +92,12 @@ def private_update(model, optimizer, per_example_loss, x, y, sample_weight=None,
     # A stream's rows are compared with the pass's earlier rows before
     # anything of this batch is released (`PrivacyAccount.count_copies`).
     optimizer.account.count_copies(x, weights)
-    plan = optimizer.fit_plan
-    checked = plan is not None and plan.checks_targets_in_graph and y is not None
+    route = optimizer.fit_route
+    checked = route is not None and route.checks_targets_in_graph and y is not None
     if checked:
         # Labels out of range stop the step before its clipped sum exists;
         # the assertion's message carries no value of the batch.
-        y = plan.target_rule.in_graph(y)
+        y = route.target_rule.in_graph(y)
     x, group = optimizer.clipping_groups(x, batch_size)
     method = clipping.resolve_method(model, optimizer.method)
     captured = []

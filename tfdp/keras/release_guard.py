@@ -49,10 +49,10 @@ class ReleaseGuard(keras.callbacks.Callback):
 
     @classmethod
     def for_fit(cls, optimizer, planned_steps, epochs):
-        """The guard of one `fit` call, after its plan (eager).
+        """The guard of one `fit` call, after its route (eager).
 
         Args:
-            optimizer: `tfdp.DPOptimizer`, planned (`plan_fit`).
+            optimizer: `tfdp.DPOptimizer`, routed (`route_fit`).
             planned_steps: int or None. Logical steps per epoch (arrays), or
                 None for a stream (whose epochs are whole passes).
             epochs: int. The epochs this call runs.

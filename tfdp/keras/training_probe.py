@@ -23,10 +23,10 @@ _PROBE_LOCK = threading.Lock()
 
 
 def planned_batch_size(optimizer):
-    plan = optimizer.fit_plan
-    if plan is None or not plan.marks_last_batch:
+    route = optimizer.fit_route
+    if route is None or not route.marks_last_batch:
         return None
-    return plan.sampler.physical_batch_size
+    return route.sampler.physical_batch_size
 
 
 def probe_before_training(model, optimizer, per_example_loss, x, y, group=1, *, rows, method):

@@ -1,4 +1,4 @@
-"""`--dry_run`: the plan, the probe and two real steps on mock data, then a time estimate."""
+"""`--dry_run`: the clipping plan, the probe, two real steps on mock data, a time estimate."""
 
 import math
 import time
@@ -15,21 +15,21 @@ from tfdp.training import reporting
 DRY_RUN_PROBE_EXAMPLES = 8
 
 
-def dry_run(model, step_fn, info, plan, batching, *, clipping_plan, probe_settings):
+def dry_run(model, step_fn, info, contract, batching, *, clipping_plan, probe_settings):
     """Two real steps on mock data of the right shapes; returns the dry run's summary.
 
     Args:
         model: keras.Model.
         step_fn: the run's train step.
         info: `tfdp.data.DatasetInfo`.
-        plan: `tfdp.training.run_plan.RunPlan`.
-        batching: `tfdp.training.run_plan.Batching`.
+        contract: `tfdp.training.run_contract.RunContract`.
+        batching: `tfdp.training.run_contract.Batching`.
         clipping_plan: `tfdp.dp.ClippingPlan` or None. The run's clipping plan
-            (`run_plan.make_clipping_plan`); None for non-private runs (no
-            plan, no probe).
+            (`run_contract.make_clipping_plan`); None for non-private runs (no
+            clipping, no probe).
         probe_settings: dict. `guards.check_sensitivity`'s keyword arguments.
     """
-    sampler, ledger = plan.sampler, plan.ledger
+    sampler, ledger = contract.sampler, contract.ledger
     sensitivity = None
     if clipping_plan is not None:
         reporting.log(str(clipping_plan))
@@ -57,16 +57,16 @@ def dry_run(model, step_fn, info, plan, batching, *, clipping_plan, probe_settin
         times.append(time.time() - start)
     per_example = times[-1] / probe
     per_epoch = per_example * sampler.dataset_size
-    epsilon = ledger.epsilon_after(plan.total_steps) if ledger else math.inf
+    epsilon = ledger.epsilon_after(contract.total_steps) if ledger else math.inf
     summary = {
         "dry_run": True, "model_params": model.count_params(), "dataset_size": sampler.dataset_size,
-        "sampling_rate": sampler.sampling_rate, "steps": plan.total_steps,
+        "sampling_rate": sampler.sampling_rate, "steps": contract.total_steps,
         "noise_multiplier": ledger.noise_multiplier if ledger else 0.0,
-        "epsilon": epsilon, "delta": plan.delta,
+        "epsilon": epsilon, "delta": contract.delta,
         "seconds_per_epoch_estimate": per_epoch, "sensitivity": sensitivity,
         "bands": getattr(sampler, "bands", 1),
     }
-    total = per_epoch * plan.total_steps / max(sampler.steps_per_epoch, 1e-9)
+    total = per_epoch * contract.total_steps / max(sampler.steps_per_epoch, 1e-9)
     reporting.log(
         f"dry run: 2 steps on mock data OK ({times[-1]:.2f}s for {probe} examples); "
         f"estimated {reporting.duration(per_epoch)} per epoch, {reporting.duration(total)} in total on the "
@@ -76,8 +76,9 @@ def dry_run(model, step_fn, info, plan, batching, *, clipping_plan, probe_settin
     if ledger is not None:
         reporting.log(
             f"dry run: sigma={ledger.noise_multiplier:.4f} q={sampler.sampling_rate:.6f} "
-            f"steps={plan.total_steps} {ledger.describe_epsilon(epsilon, steps=plan.total_steps)}")
-        weak = samplers.weak_amplification_warning(sampler, epsilon=epsilon, delta=plan.delta)
+            f"steps={contract.total_steps} "
+            f"{ledger.describe_epsilon(epsilon, steps=contract.total_steps)}")
+        weak = samplers.weak_amplification_warning(sampler, epsilon=epsilon, delta=contract.delta)
         if weak:
             reporting.log(f"dry run: warning: {weak}")
     return summary

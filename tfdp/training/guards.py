@@ -133,7 +133,7 @@ def check_before_training(model, info, batching, settings):
     Args:
         model: keras.Model.
         info: `tfdp.data.DatasetInfo`.
-        batching: `tfdp.training.run_plan.Batching`.
+        batching: `tfdp.training.run_contract.Batching`.
         settings: dict or None. `probe_settings`; None (a non-private run)
             checks nothing.
 

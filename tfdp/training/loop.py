@@ -65,7 +65,7 @@ def epoch_evaluation(model, data, ema, reporter, *, config):
     return evaluate_epoch
 
 
-def train_loop(strategy, step_fn, ema, state, plan, batching, data, reporter, evaluate_epoch,
+def train_loop(strategy, step_fn, ema, state, contract, batching, data, reporter, evaluate_epoch,
                *, seed, config):
     """Runs the logical steps from `state.start_step`; returns (the last step, ε).
 
@@ -77,8 +77,8 @@ def train_loop(strategy, step_fn, ema, state, plan, batching, data, reporter, ev
         step_fn: the run's train step (`accumulate`, `apply`, `pop_stats`).
         ema: `tfdp.optim.ParameterEMA` or None. Updated after every step.
         state: `tfdp.training.resume.RunState`. Its ledger records each step.
-        plan: `tfdp.training.run_plan.RunPlan`. Steps, sampler and key.
-        batching: `tfdp.training.run_plan.Batching`.
+        contract: `tfdp.training.run_contract.RunContract`. Steps, sampler and key.
+        batching: `tfdp.training.run_contract.Batching`.
         data: `tfdp.training.run_data.RunData`.
         reporter: `tfdp.training.reporting.RunReporter`.
         evaluate_epoch: `epoch_evaluation`'s function.
@@ -89,16 +89,16 @@ def train_loop(strategy, step_fn, ema, state, plan, batching, data, reporter, ev
     """
     ckpt, ledger, start_step = state.checkpoint, state.ledger, state.start_step
     log_every_steps = config.log_every_steps
-    checkpoint_every = config.checkpoint_every_steps or plan.steps_per_epoch
-    end_step = plan.budget_steps
+    checkpoint_every = config.checkpoint_every_steps or contract.steps_per_epoch
+    end_step = contract.budget_steps
     # Undecodable training images are skipped (weight 0, no gradient) and counted.
     train_decode_stats = data_lib.DecodeStats()
     # Each worker builds its share; each replica gets P / R of every batch.
     pipeline = distribute.distribute_train_pipeline(strategy, lambda **per_worker: (
         data_lib.make_train_pipeline(
-            data.train, sampler=plan.sampler, num_steps=end_step,
+            data.train, sampler=contract.sampler, num_steps=end_step,
             start_step=min(start_step, end_step), seed=seed,
-            sampling_key=plan.sampling_key, preprocess_fn=data.train_preprocess,
+            sampling_key=contract.sampling_key, preprocess_fn=data.train_preprocess,
             decode_stats=train_decode_stats, pad_granule=batching.pad_granule, **per_worker,
         )), batching.physical_batch_size)
     step_fn.trace_for(pipeline.element_spec)
@@ -118,12 +118,12 @@ def train_loop(strategy, step_fn, ema, state, plan, batching, data, reporter, ev
         on_batch=count_examples,
     )
     for _ in guards.out_of_memory_as_error(logical_steps, batching.physical_batch_size,
-                                           plan.sampler.logical_batch_size):
+                                           contract.sampler.logical_batch_size):
         if ema is not None:
             ema.update()
         step += 1
         reporter.tick(step)
-        epoch_end = step % plan.steps_per_epoch == 0 or step == end_step
+        epoch_end = step % contract.steps_per_epoch == 0 or step == end_step
         if ledger is not None:
             ledger.record_step()
             epsilon = ledger.epsilon() if epoch_end else epsilon
@@ -146,7 +146,7 @@ def train_loop(strategy, step_fn, ema, state, plan, batching, data, reporter, ev
             ckpt.save(step, ledger)
     if evaluated_at != step:  # Nothing trained (or not since the last report).
         evaluate_epoch(step, epsilon, train_decode_stats.value())
-    if plan.budget_steps < plan.total_steps and step >= plan.budget_steps:
+    if contract.budget_steps < contract.total_steps and step >= contract.budget_steps:
         reporting.log(f"stopped at step {step}: one more step would exceed the budget "
-                      f"epsilon={plan.mechanism.target_epsilon} (epsilon now {epsilon:.3f}).")
+                      f"epsilon={contract.mechanism.target_epsilon} (epsilon now {epsilon:.3f}).")
     return step, epsilon

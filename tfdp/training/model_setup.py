@@ -53,35 +53,35 @@ def make_schedule(lr_schedule, *, base_lr, logical_batch_size, total_steps, warm
     )
 
 
-def make_optimizer(config, plan):
-    """`config.optimizer_fn`'s optimizer, its learning rate scheduled over `plan`'s steps.
+def make_optimizer(config, contract):
+    """`config.optimizer_fn`'s optimizer, its learning rate scheduled over `contract`'s steps.
 
     Args:
         config: `tfdp.training.OptimizationConfig`.
-        plan: `tfdp.training.run_plan.RunPlan`. The planned steps.
+        contract: `tfdp.training.run_contract.RunContract`. The planned steps.
     """
-    warmup_steps = min(int(round(config.warmup_epochs * plan.sampler.steps_per_epoch)),
-                       plan.total_steps - 1)
+    warmup_steps = min(int(round(config.warmup_epochs * contract.sampler.steps_per_epoch)),
+                       contract.total_steps - 1)
     schedule = make_schedule(
         config.lr_schedule, base_lr=config.base_lr,
-        logical_batch_size=config.logical_batch_size, total_steps=plan.total_steps,
+        logical_batch_size=config.logical_batch_size, total_steps=contract.total_steps,
         warmup_steps=warmup_steps)
     return (config.optimizer_fn or optim.make_optimizer)(learning_rate=schedule)
 
 
-def make_train_step(model, optimizer, plan, batching, *, method, weight_decay, seed,
+def make_train_step(model, optimizer, contract, batching, *, method, weight_decay, seed,
                     jit_compile, augmentation_multiplicity):
-    """`tfdp.dp.PrivateTrainStep` of `plan.mechanism`, or the non-private step."""
-    if plan.mechanism is not None:
+    """`tfdp.dp.PrivateTrainStep` of `contract.mechanism`, or the non-private step."""
+    if contract.mechanism is not None:
         return dp.PrivateTrainStep(
-            model, optimizer, evaluation.per_example_loss, mechanism=plan.mechanism,
+            model, optimizer, evaluation.per_example_loss, mechanism=contract.mechanism,
             method=method, weight_decay=weight_decay, seed=seed, jit_compile=jit_compile,
             augmentation_multiplicity=augmentation_multiplicity,
             group_size=batching.group_size,
         )
     return dp.NonPrivateTrainStep(
         model, optimizer, evaluation.per_example_loss,
-        expected_batch_size=plan.sampler.expected_batch_size,
+        expected_batch_size=contract.sampler.expected_batch_size,
         weight_decay=weight_decay, seed=seed, jit_compile=jit_compile,
     )
 

@@ -15,8 +15,8 @@ class OptimizationConfig:
     """How long a run trains, on how many examples per update, and how it steps.
 
     The logical batch and the epochs also fix the sampling rate and the
-    steps that the privacy accounting counts. Read by the run plan and the
-    model stage (`tfdp.training.model_setup.make_optimizer`).
+    steps that the privacy accounting counts. Read by the run's contract
+    (`tfdp.training.run_contract`) and the model stage (`tfdp.training.model_setup.make_optimizer`).
 
     Args:
         epochs: float. Passes over the data (expected, for Poisson).

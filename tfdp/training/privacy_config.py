@@ -33,8 +33,8 @@ class PrivacyConfig:
 
     C, σ, a target ε, δ, the accountant, the privacy unit and k form the
     privacy request, `dpsgd_config` (a `tfdp.DPSGDConfig`, which validates
-    them); the run plan binds it to the run's sampler, steps and key
-    (`tfdp.training.run_plan`). The other fields are the trainer's own.
+    them); the run's contract (`tfdp.training.run_contract`) binds it to
+    the run's sampler, steps and key. The other fields are the trainer's own.
 
     Args:
         private: bool. False for non-private (public) pretraining: no

@@ -427,13 +427,13 @@ class RunReporter:
         return summary
 
 
-def make_run_reporter(out_dir, plan, state, data, *, adapted_state, report_non_dp_statistics):
+def make_run_reporter(out_dir, contract, state, data, *, adapted_state, report_non_dp_statistics):
     """The `RunReporter` of a run about to train.
 
     Args:
         out_dir: str or None. This worker's output directory; None writes
             no file (a non-chief worker).
-        plan: `tfdp.training.run_plan.RunPlan`. Steps, δ.
+        contract: `tfdp.training.run_contract.RunContract`. Steps, δ.
         state: `tfdp.training.resume.RunState`. The ledger and the step
             training starts from.
         data: `tfdp.training.run_data.RunData`. What was held out, dropped
@@ -442,8 +442,9 @@ def make_run_reporter(out_dir, plan, state, data, *, adapted_state, report_non_d
         report_non_dp_statistics: bool. As `RunConfig.report_non_dp_statistics`.
     """
     return RunReporter(
-        out_dir, steps_per_epoch=plan.sampler.steps_per_epoch, total_steps=plan.total_steps,
-        delta=plan.delta, ledger=state.ledger, start_step=state.start_step,
+        out_dir, steps_per_epoch=contract.sampler.steps_per_epoch,
+        total_steps=contract.total_steps,
+        delta=contract.delta, ledger=state.ledger, start_step=state.start_step,
         report_non_dp_statistics=report_non_dp_statistics, held_out=data.held_out,
         duplicates_dropped=data.duplicates_dropped, data_preparation=data.preparation(),
         adapted_state=adapted_state)

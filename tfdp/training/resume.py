@@ -93,9 +93,9 @@ class RunState:
     ledger: object
 
 
-def restore_run(workdir, strategy, model, optimizer, ema, plan, noise_state=None,
+def restore_run(workdir, strategy, model, optimizer, ema, contract, noise_state=None,
                 save_dir=None):
-    """The `RunState`: restored from `plan.resume_point`, or fresh.
+    """The `RunState`: restored from `contract.resume_point`, or fresh.
 
     The privacy record comes from the resume point, which was checked against
     the contract before the train step was built; the checkpoint's weights,
@@ -109,7 +109,7 @@ def restore_run(workdir, strategy, model, optimizer, ema, plan, noise_state=None
         model: keras.Model.
         optimizer: keras.optimizers.Optimizer.
         ema: `tfdp.optim.ParameterEMA` or None.
-        plan: `tfdp.training.run_plan.RunPlan`. Its resume point and ledger.
+        contract: `tfdp.training.run_contract.RunContract`. Its resume point and ledger.
         noise_state: list of variables or None. The train step's
             correlated-noise state. Defaults to None.
         save_dir: str or None. Where a non-chief worker saves: its scratch
@@ -126,9 +126,9 @@ def restore_run(workdir, strategy, model, optimizer, ema, plan, noise_state=None
     """
     directory = os.path.join(workdir, "checkpoints")
     ckpt = checkpointing.RunCheckpoint(directory, model, optimizer, ema=ema,
-                                       secret_key=plan.key, noise_state=noise_state)
-    if plan.resume_point is not None:
-        ckpt.restore(plan.resume_point.path)
+                                       secret_key=contract.key, noise_state=noise_state)
+    if contract.resume_point is not None:
+        ckpt.restore(contract.resume_point.path)
     if not distribute.is_chief(strategy):
         # Every worker restores from the chief's checkpoints; only the chief
         # writes them and the ledger. The others join each save (as
@@ -139,16 +139,16 @@ def restore_run(workdir, strategy, model, optimizer, ema, plan, noise_state=None
                 f"chief's {directory}: pass save_dir (tfdp.training.workers.worker_run's "
                 "checkpoint_dir).")
         ckpt = checkpointing.RunCheckpoint(
-            save_dir, model, optimizer, ema=ema, secret_key=plan.key, noise_state=noise_state)
+            save_dir, model, optimizer, ema=ema, secret_key=contract.key, noise_state=noise_state)
     start_step = int(optimizer.iterations.numpy())
-    ledger = plan.ledger
-    if plan.resume_point is not None and ledger is not None:
-        ledger = privacy.PrivacyLedger.from_dict(plan.resume_point.record)
+    ledger = contract.ledger
+    if contract.resume_point is not None and ledger is not None:
+        ledger = privacy.PrivacyLedger.from_dict(contract.resume_point.record)
         if ledger.steps != start_step:
             raise ValueError(
                 f"Ledger steps ({ledger.steps}) != optimizer steps ({start_step}) in "
-                f"{plan.resume_point.path}; refusing to resume with an inconsistent privacy "
+                f"{contract.resume_point.path}; refusing to resume with an inconsistent privacy "
                 "count.")
     if start_step:
-        reporting.log(f"resumed from {plan.resume_point.path} at step {start_step}")
+        reporting.log(f"resumed from {contract.resume_point.path} at step {start_step}")
     return RunState(checkpoint=ckpt, start_step=start_step, ledger=ledger)

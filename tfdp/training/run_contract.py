@@ -1,4 +1,9 @@
-"""`RunPlan`: a run's sampler, steps, key and `tfdp.DPSGD`, fixed before training."""
+"""What a trainer run is bound to before training, and how it batches.
+
+`RunContract`: the run's `tfdp.DPSGD` (or a non-private run's key), its
+steps and the checkpoint it continues; `Batching`: its sampler and batch
+sizes; the run's `tfdp.dp.ClippingPlan` and the lines logged before training.
+"""
 
 import dataclasses
 
@@ -95,12 +100,13 @@ def requested_key(strategy, insecure_reproducible_seed):
 
 
 @dataclasses.dataclass(frozen=True)
-class RunPlan:
-    """The privacy contract of one run, and what it allows.
+class RunContract:
+    """The privacy contract of one run, and what it allows: its steps, its key.
 
     Private runs read C, σ, δ, the sampler and the key from `mechanism`
     alone; non-private runs have no mechanism, and draw their batches from
-    `key` all the same.
+    `key` all the same. It is fixed before anything is built, and every
+    stage of `tfdp.train` reads its steps and key from it.
 
     Args:
         sampler: `tfdp.samplers.Sampler`.
@@ -110,7 +116,7 @@ class RunPlan:
             continue, already checked against this contract.
         non_private_key: `SecretKey` of a non-private run's batches.
         ledger: `tfdp.privacy.PrivacyLedger` at step 0, or None
-            (non-private). Made with the plan, so that its warnings (e.g.
+            (non-private). Made with the contract, so that its warnings (e.g.
             δ ≥ 1/N) come before anything is built.
     """
 
@@ -148,8 +154,8 @@ class RunPlan:
 
 
 
-def make_run_plan(sampler, *, epochs, key, workdir, read_checkpoint, mechanism_fn):
-    """The `RunPlan`: a resumed run continues its checkpoint's key, once checked.
+def make_run_contract(sampler, *, epochs, key, workdir, read_checkpoint, mechanism_fn):
+    """The `RunContract`: a resumed run continues its checkpoint's key, once checked.
 
     Args:
         sampler: `tfdp.samplers.Sampler`.
@@ -166,16 +172,17 @@ def make_run_plan(sampler, *, epochs, key, workdir, read_checkpoint, mechanism_f
     if resume_point is not None and resume_point.key is not None:
         key = resume_point.key  # Continue the checkpoint's noise and batches.
         mechanism = mechanism.with_secret_key(key) if mechanism is not None else None
-    return RunPlan(sampler=sampler, total_steps=total_steps, mechanism=mechanism,
+    return RunContract(sampler=sampler, total_steps=total_steps, mechanism=mechanism,
                    resume_point=resume_point, non_private_key=None if mechanism else key,
                    ledger=mechanism.ledger() if mechanism is not None else None)
 
 
-def plan_run(train_source, strategy, *, privacy, optimization, run, workdir, read_checkpoint):
-    """The run's `RunPlan` and `Batching`, from its configs.
+def make_contract_and_batching(train_source, strategy, *, privacy, optimization, run, workdir,
+                               read_checkpoint):
+    """The run's `RunContract` and `Batching`, from its configs.
 
     The privacy contract: from here on, C, σ, δ, the sampler and the key are
-    read from the plan's mechanism alone. A resumed run continues the
+    read from the contract's mechanism alone. A resumed run continues the
     checkpoint's key once the checkpoint's privacy record is this run's.
 
     Args:
@@ -191,7 +198,7 @@ def plan_run(train_source, strategy, *, privacy, optimization, run, workdir, rea
         read_checkpoint: bool. False (a dry run) ignores any checkpoint.
 
     Returns:
-        A tuple `(RunPlan, Batching)`.
+        A tuple `(RunContract, Batching)`.
     """
     group_size = privacy.group_size
     batching = make_batching(
@@ -201,14 +208,14 @@ def plan_run(train_source, strategy, *, privacy, optimization, run, workdir, rea
                              or optimization.logical_batch_size * group_size),
         pad_granule=run.pad_granule, replicas=strategy.num_replicas_in_sync,
         bands=privacy.bands if privacy.private else 1)
-    plan = make_run_plan(
+    contract = make_run_contract(
         batching.sampler, epochs=optimization.epochs, workdir=workdir,
         read_checkpoint=read_checkpoint,
         key=requested_key(strategy, privacy.insecure_reproducible_seed),
         # "optimized" band coefficients are fitted to the planned steps.
         mechanism_fn=None if privacy.dpsgd_config is None else lambda steps, key: make_mechanism(
             privacy.request_for(steps), batching.sampler, steps=steps, key=key))
-    return plan, batching
+    return contract, batching
 
 
 def clipping_plan_headline(clipping_plan, path):
@@ -248,8 +255,8 @@ def make_clipping_plan(model, batching, info, privacy):
                    memory_budget_mb=privacy.clipping_memory_budget_mb)
 
 
-def log_run_plan(model, plan, batching, *, dataset, clipping_plan, out_dir):
-    """The plan lines: the clipping plan, the data and steps, the privacy contract.
+def log_run_contract(model, contract, batching, *, dataset, clipping_plan, out_dir):
+    """The lines logged before training: the clipping plan, the data and steps, the contract.
 
     The per-layer clipping table of `clipping_plan` (`make_clipping_plan`;
     None for non-private runs) goes to `<out_dir>/clipping_plan.txt` (not
@@ -258,7 +265,7 @@ def log_run_plan(model, plan, batching, *, dataset, clipping_plan, out_dir):
     """
     import os
 
-    sampler, mechanism = plan.sampler, plan.mechanism
+    sampler, mechanism = contract.sampler, contract.mechanism
     if mechanism is not None:
         path = None if out_dir is None else os.path.join(out_dir, "clipping_plan.txt")
         if path is not None:
@@ -269,8 +276,8 @@ def log_run_plan(model, plan, batching, *, dataset, clipping_plan, out_dir):
     reporting.log(
         f"dataset={dataset} N={sampler.dataset_size} sampler={sampler.name} "
         f"q={sampler.sampling_rate:.5f} logical_batch={sampler.logical_batch_size} "
-        f"physical_batch={batching.physical_batch_size} steps={plan.total_steps} "
-        f"({plan.steps_per_epoch}/epoch) params={model.count_params()}"
+        f"physical_batch={batching.physical_batch_size} steps={contract.total_steps} "
+        f"({contract.steps_per_epoch}/epoch) params={model.count_params()}"
     )
     if mechanism is None:
         return
@@ -278,7 +285,7 @@ def log_run_plan(model, plan, batching, *, dataset, clipping_plan, out_dir):
         f"privacy: sigma={mechanism.noise_multiplier:.4f} C={mechanism.l2_norm_clip} "
         f"delta={mechanism.delta} accountant={mechanism.accountant} sampler={sampler.name} "
         f"(amplified: {sampler.amplified}); planned "
-        f"{mechanism.ledger().describe_epsilon(steps=plan.total_steps)}"
+        f"{mechanism.ledger().describe_epsilon(steps=contract.total_steps)}"
     )
     if mechanism.bands > 1:
         coefficients = ", ".join(f"{c:.4f}" for c in mechanism.band_coefficients)
@@ -286,14 +293,14 @@ def log_run_plan(model, plan, batching, *, dataset, clipping_plan, out_dir):
             f"banded matrix factorization: bands={mechanism.bands} coefficients=({coefficients}); "
             f"{mechanism.bands} groups of the {sampler.privacy_unit}s, each step samples one at "
             f"q={sampler.group_sampling_rate:.5f} within the group; epsilon counts "
-            f"{sampler.unit_count(plan.total_steps)} rounds of {plan.total_steps} steps")
-    privacy_unit_lib.log_privacy_unit(mechanism, plan.total_steps)
+            f"{sampler.unit_count(contract.total_steps)} rounds of {contract.total_steps} steps")
+    privacy_unit_lib.log_privacy_unit(mechanism, contract.total_steps)
     weak = samplers.weak_amplification_warning(
-        sampler, epsilon=mechanism.ledger().epsilon_after(plan.total_steps),
+        sampler, epsilon=mechanism.ledger().epsilon_after(contract.total_steps),
         delta=mechanism.delta)
     if weak:
         reporting.log(f"warning: {weak}")
-    if plan.budget_steps < plan.total_steps:
+    if contract.budget_steps < contract.total_steps:
         reporting.log(
-            f"privacy budget epsilon={mechanism.target_epsilon} allows {plan.budget_steps} of "
-            f"{plan.total_steps} steps; training will stop there.")
+            f"privacy budget epsilon={mechanism.target_epsilon} allows {contract.budget_steps} of "
+            f"{contract.total_steps} steps; training will stop there.")

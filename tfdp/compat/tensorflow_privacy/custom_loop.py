@@ -268,21 +268,21 @@ def loss_and_tape(loss, var_list, tape):
 def prepare(optimizer, rows, var_list):
     """Binds the optimizer to a custom loop of `rows` examples per call (eager or traced).
 
-    The first call plans the stream route at B = rows × k (the logical batch
+    The first call fixes the stream route at B = rows × k (the logical batch
     the ledger accounts, and, without microbatches, the divisor) and builds
     the optimizer; a later call of another size is refused.
     """
     fixed = getattr(optimizer, "custom_loop_rows", None)
     if fixed is None:
-        plan = optimizer.fit_plan
-        if plan is not None and plan.physical_batch_size not in (None, rows):
+        route = optimizer.fit_route
+        if route is not None and route.physical_batch_size not in (None, rows):
             raise ValueError(
                 "This optimizer was planned for batches of another size: a custom loop "
                 "takes the batch size of its first call, and every call must have "
                 f"as many rows. Received: {rows} rows, planned "
-                f"{plan.physical_batch_size}"
+                f"{route.physical_batch_size}"
             )
-        optimizer.mechanism_builder.plan(arrays=False, physical_batch_size=rows)
+        optimizer.mechanism_builder.route_fit(arrays=False, physical_batch_size=rows)
         optimizer.custom_loop_rows = rows
     elif rows != fixed:
         raise ValueError(

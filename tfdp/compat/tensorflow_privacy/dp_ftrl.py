@@ -121,8 +121,8 @@ class DPFTRLTreeAggregationOptimizer(dp_keras_optimizer.DPKerasOptimizer):
         could then sit twice in one accounted pass. Runs while the train
         step is traced, before any update.
         """
-        plan = self.fit_plan
-        if plan is not None and plan.counts_passes:
+        route = self.fit_route
+        if route is not None and route.counts_passes:
             raise ValueError(
                 "DPFTRLTreeAggregationOptimizer accounts its trees pass by pass, at steps "
                 "that are multiples of N // B, which fit's array batches keep and a "
@@ -134,7 +134,7 @@ class DPFTRLTreeAggregationOptimizer(dp_keras_optimizer.DPKerasOptimizer):
     def ledger(self, *, dataset_size=None, delta=None, steps=None):
         """The run's `tfdp.privacy.tree_aggregation.TreeAggregationLedger`.
 
-        N, B and δ are those the DP-SGD optimizers account (the plan's, or
+        N, B and δ are those the DP-SGD optimizers account (the route's, or
         `dataset_size` and `delta`); `steps` (updates) defaults to the
         accounted steps. With `gradient_accumulation_steps=k` the tree is
         over the k · steps leaves (batches), k · (N // B) a pass.

@@ -411,10 +411,10 @@ class DPKerasOptimizer(DPOptimizer):
     @property
     def microbatch_size(self):
         """Examples per microbatch in the last `fit`, or None (per example, or not yet known)."""
-        plan = self.fit_plan
-        if self.num_microbatches is None or plan is None or not plan.physical_batch_size:
+        route = self.fit_route
+        if self.num_microbatches is None or route is None or not route.physical_batch_size:
             return None
-        return plan.physical_batch_size // self.num_microbatches
+        return route.physical_batch_size // self.num_microbatches
 
     @property
     def sensitivity(self):
