@@ -6,7 +6,7 @@ summed clipped gradients:
   key, the step, the shapes and this replica's share of the std (σC / R), and
   of the scheme's state where it has one;
 - its state across steps: its shape per variable, its initial value, and
-  whether the trainer keeps it in its training checkpoints;
+  whether it belongs in the training checkpoints;
 - its accounting: the DP event of a number of steps (where the engine can
   form it from the sampler), and the accounting function of `tfdp.privacy`
   or `tfdp.samplers` it uses (`event_function`).
@@ -78,11 +78,11 @@ class NoiseScheme(abc.ABC):
     """
 
     name = None
-    # Whether a caller that checkpoints its training keeps the state in its
-    # training checkpoints (the trainer does, through
-    # `tfdp.checkpointing.RunCheckpoint(noise_state=...)`; the Keras route
-    # keeps it in memory only). Never in a model or optimizer save: a state
-    # of past noise is as secret as the key.
+    # Whether the state belongs in the training checkpoints: a resumed run
+    # must continue it to release the same noise. The trainer saves the
+    # state it keeps (`tfdp.checkpointing.RunCheckpoint(noise_state=...)`);
+    # the Keras route keeps it in memory only. Never in a model or optimizer
+    # save: a state of past noise is as secret as the key.
     checkpoint_state = False
     # The accounting function of `tfdp.privacy` or `tfdp.samplers` that
     # accounts the scheme, or None where the sampler's own event does.
