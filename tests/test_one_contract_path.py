@@ -21,6 +21,7 @@ _ROOT = pathlib.Path(__file__).resolve().parent.parent / "tfdp"
 _CLIP_RULE_CALLERS = {
     "tfdp/dpsgd_config.py",
     "tfdp/dp/clipping.py",
+    "tfdp/dp/jacobian_clipping.py",  # The engine's clipping of a loss vector and its tape.
     "tfdp/privacy/ledger.py",
     "tfdp/train.py",
 }

@@ -56,7 +56,6 @@ import tensorflow as tf
 
 from tfdp.dp import clipping
 from tfdp.dp import jacobian_clipping
-from tfdp.dp import release_checks
 from tfdp.keras import training_probe
 from tfdp.keras.per_example_loss import per_example_loss_fn
 
@@ -296,6 +295,17 @@ def prepare(optimizer, rows, var_list):
             optimizer.build(var_list)
 
 
+# A constant: the message carries no value of the batch.
+NONFINITE_MESSAGE = (
+    "A loss row of this custom-loop step, or its gradient, is NaN or inf. A custom loop "
+    "clips a loss vector through its tape, which cannot drop one example alone (the "
+    "batched backward pass makes every row NaN), so nothing of this step was released "
+    "and the loop stops. This stop depends on the training data and is not covered by "
+    "epsilon. Remove non-finite inputs and targets, or train with `fit`, which drops "
+    "and counts such examples."
+)
+
+
 def clipped_batch(optimizer, loss, var_list, tape):
     """`(Σ clip(g_j), var_list)` of one batch's microbatches, the optimizer prepared for it."""
     loss, var_list, tape = loss_and_tape(loss, var_list, tape)
@@ -308,8 +318,13 @@ def clipped_batch(optimizer, loss, var_list, tape):
         tape, losses, var_list, optimizer.l2_norm_clip,
         unconnected_gradients_to_zero=optimizer.unconnected_gradients_to_zero)
     prepare(optimizer, rows, var_list)
-    # Dropped microbatches are counted, as fit counts them (not covered by ε).
-    optimizer.account.count_nonfinite(release_checks.nonfinite_units(norms))
+    # A tape cannot drop one example alone: the batched backward pass spreads
+    # one example's NaN/Inf to every row (0 · NaN), so the step would release
+    # noise only, and that example would move the release by up to (M − 1)·C.
+    # Nothing of such a step is released; the loop stops instead.
+    finite = tf.reduce_all(tf.math.is_finite(norms))
+    with tf.control_dependencies([tf.debugging.Assert(finite, [NONFINITE_MESSAGE])]):
+        summed = [tf.identity(s) for s in summed]
     return summed, var_list
 
 
