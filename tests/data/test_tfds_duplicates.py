@@ -12,6 +12,7 @@ from unittest import mock
 import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
+import pytest
 
 from tests.test_train import run_train
 from tfdp import data
@@ -118,6 +119,7 @@ class TfdsDuplicatesTest(tf.test.TestCase):
         self.assertEqual(splits.train.images.shape[1:], (8, 8, 1))
         self.assertEqual(len(splits.train), 24)
 
+    @pytest.mark.slow  # 20-40 s on 2 cores: with the slow tests (CI runs them).
     def test_the_trainer_refuses_copies_and_trains_without(self):
         common = [f"--gin_param=DataConfig.data_dir = '{self.dirs['random_access']}'",
                   "--gin_param=OptimizationConfig.epochs = 1",

@@ -8,6 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfdp
+import pytest
 from tests.models.model_test_case import ModelTestCase
 from tfdp import dp
 from tfdp import models
@@ -95,6 +96,7 @@ class PretrainedTest(ModelTestCase):
                       application_kwargs={"alpha": 0.35})
         return source, kwargs
 
+    @pytest.mark.slow  # 20-40 s on 2 cores: with the slow tests (CI runs them).
     def test_keras_application_notop_weights_with_group_norm(self):
         source, kwargs = self.save_mobilenet_v2_notop()
         group_norm, frozen = models.load_pretrained(4, _SHAPE, **kwargs)
@@ -116,6 +118,7 @@ class PretrainedTest(ModelTestCase):
                             source.get_layer("block_16_project").kernel)
         self.assertEqual(model.get_layer("head_dense").units, 2)
 
+    @pytest.mark.slow  # 20-40 s on 2 cores: with the slow tests (CI runs them).
     def test_keras_application_notop_weights_with_frozen_batchnorm(self):
         source, kwargs = self.save_mobilenet_v2_notop()
         frozen_bn, frozen = models.load_pretrained(4, _SHAPE, batchnorm="freeze", **kwargs)

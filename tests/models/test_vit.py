@@ -1,6 +1,7 @@
 """The vision transformers: shapes, parameter counts, saving and the DP engine."""
 
 import numpy as np
+import pytest
 
 from tests.models.model_test_case import ModelTestCase
 from tfdp import dp
@@ -26,6 +27,7 @@ class VitTest(ModelTestCase):
         self.assertEqual(model.get_layer("stem_position_embedding").embedding.shape, (1, 5, 32))
         self.assertEqual(model.get_layer("stem_class_token").token.shape, (1, 1, 32))
 
+    @pytest.mark.slow  # 20-40 s on 2 cores: with the slow tests (CI runs them).
     def test_named_sizes_have_the_reference_parameter_counts(self):
         # timm's vit_tiny/small/base_patch16_224 (qkv biases, 1000 classes).
         for builder, params in ((models.vit_ti16, 5_717_416), (models.vit_s16, 22_050_664),

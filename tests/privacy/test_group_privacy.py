@@ -38,6 +38,7 @@ def test_rdp_group_epsilon_can_be_infinite():
     assert math.isinf(privacy.group_epsilon(1.0, 782, 1e-6, 10, sampling_rate=0.0064))
 
 
+@pytest.mark.slow  # 20-40 s on 2 cores: with the slow tests (CI runs them).
 def test_pld_with_sampling_is_a_mixture_of_gaussians():
     # TF-Privacy's figure: sigma 2 halved by microbatching, 5 epochs of
     # 10,000 examples at batch 64, delta 1e-6, two examples per user.
