@@ -1,4 +1,4 @@
-"""Issue 58's guarantees on TF-Privacy compat `fit` (`DPSequential` / `DPKeras*Optimizer`).
+"""Privacy guarantees of TF-Privacy compat `fit` (`DPSequential` / `DPKeras*Optimizer`).
 
 The compat classes run the Keras route, so they keep its guarantees: labels
 checked before any step, NaN/Inf parameters stop `fit`, non-finite

@@ -1,4 +1,4 @@
-"""Issue 58's guarantees on Keras `fit` (`tfdp.make_private` with a `tfdp.DPOptimizer`).
+"""Privacy guarantees of Keras `fit` (`tfdp.make_private` with a `tfdp.DPOptimizer`).
 
 - a target ε in the contract is kept: no step beyond `DPSGD.budget_steps`;
 - labels are checked before any step (`tfdp.validation.validate_labels`);
