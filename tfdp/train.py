@@ -139,7 +139,7 @@ def train(workdir, seed=0, strategy_name=None, dry_run=False, *, data_config=Non
             step_fn = model_setup.make_train_step(model, optimizer, contract, batching, seed=seed,
                                                   jit_compile=run.jit_compile, **step_settings)
         ema = model_setup.make_ema(model, model_config.ema_decay)
-        probe = guards.probe_settings(contract.mechanism, group_size=batching.group_size,
+        probe = guards.probe_settings(contract.engine, group_size=batching.group_size,
                                       **step_settings)
         if dry_run:
             return dry_run_lib.dry_run(model, step_fn, data.info, contract, batching,

@@ -19,10 +19,10 @@ from tfdp.training import run_contract
 N = 1000
 
 
-def _mechanism_fn(noise_multiplier=1.1, delta=None):
+def _engine_fn(noise_multiplier=1.1, delta=None):
     def make(steps, key):
         config = tfdp.DPSGDConfig(0.7, noise_multiplier, delta=delta, accountant="rdp")
-        return run_contract.make_mechanism(config, sampler, steps=steps, key=key)
+        return run_contract.make_engine(config, sampler, steps=steps, key=key)
     return make
 
 
@@ -32,14 +32,14 @@ sampler = data.train_sampler(N, sampler="poisson", physical_batch_size=64,
 
 class RunContractTest(tf.test.TestCase):
 
-    def _contract(self, workdir, mechanism_fn, seed=None):
+    def _contract(self, workdir, engine_fn, seed=None):
         key = (secret_key.SecretKey.insecure_from_seed(seed) if seed is not None
                else secret_key.SecretKey.generate())
         return run_contract.make_run_contract(sampler, epochs=1.0, key=key, workdir=workdir,
-                                              read_checkpoint=True, mechanism_fn=mechanism_fn)
+                                              read_checkpoint=True, engine_fn=engine_fn)
 
     def test_the_contract_reads_everything_from_its_mechanism(self):
-        contract = self._contract(self.create_tempdir().full_path, _mechanism_fn())
+        contract = self._contract(self.create_tempdir().full_path, _engine_fn())
         mechanism = contract.mechanism
         self.assertIs(contract.key, mechanism.secret_key)
         self.assertIs(contract.sampler, mechanism.sampler)
@@ -69,18 +69,18 @@ class RunContractTest(tf.test.TestCase):
 
     def test_a_resumed_contract_continues_the_checkpoints_key(self):
         workdir = self.create_tempdir().full_path
-        first = self._contract(workdir, _mechanism_fn())
+        first = self._contract(workdir, _engine_fn())
         self._checkpoint(workdir, first)
-        resumed = self._contract(workdir, _mechanism_fn())
+        resumed = self._contract(workdir, _engine_fn())
         self.assertIsNotNone(resumed.resume_point)
         self.assertEqual(resumed.key.words.tolist(), first.key.words.tolist())
         self.assertIs(resumed.key, resumed.mechanism.secret_key)
 
     def test_a_checkpoint_of_another_contract_is_refused(self):
         workdir = self.create_tempdir().full_path
-        self._checkpoint(workdir, self._contract(workdir, _mechanism_fn()))
+        self._checkpoint(workdir, self._contract(workdir, _engine_fn()))
         with self.assertRaisesRegex(ValueError, "another privacy configuration.*noise_multiplier"):
-            self._contract(workdir, _mechanism_fn(noise_multiplier=2.0))
+            self._contract(workdir, _engine_fn(noise_multiplier=2.0))
         with self.assertRaisesRegex(ValueError, "written by a private run"):
             self._contract(workdir, None)
 
@@ -112,11 +112,11 @@ class RunContractTest(tf.test.TestCase):
 
         def make(steps, key):
             config = tfdp.DPSGDConfig(1.0, 1.0, target_epsilon=2.0, delta=1e-5, bands=4)
-            return run_contract.make_mechanism(config, banded, steps=steps, key=key)
+            return run_contract.make_engine(config, banded, steps=steps, key=key)
 
         contract = run_contract.make_run_contract(
             banded, epochs=20.0, key=secret_key.SecretKey.generate(),
-            workdir=self.create_tempdir().full_path, read_checkpoint=True, mechanism_fn=make)
+            workdir=self.create_tempdir().full_path, read_checkpoint=True, engine_fn=make)
         budget = contract.budget_steps
         self.assertLess(budget, contract.total_steps)
         self.assertLessEqual(contract.mechanism.epsilon(budget), 2.0)

@@ -18,7 +18,7 @@ from tfdp import dpsgd_config
 from tfdp import privacy
 from tfdp import samplers
 from tfdp.audit import bounds
-from tfdp.mechanism import DPSGD
+from tfdp.engine import make_engine
 from tfdp.audit import canaries as canaries_lib
 
 
@@ -209,7 +209,8 @@ def run_audit(config):
     steps = privacy.steps_for_epochs(config.epochs, n, config.batch_size)
     q = sampler.sampling_rate
     # The audit tests the guarantee as users get it: secret noise and batches.
-    mechanism = DPSGD.from_config(config.dpsgd_config(), sampler=sampler, steps=steps)
+    engine = make_engine(config.dpsgd_config(), sampler=sampler, steps=steps, key=None)
+    mechanism = engine.mechanism
     sigma = mechanism.noise_multiplier
     eps_upper = mechanism.epsilon(steps)
     _log(config, f"audit: N={n} ({config.num_train} digits + {int(included.sum())} of "
@@ -227,7 +228,7 @@ def run_audit(config):
         optimizer = keras.optimizers.Adam(learning_rate=config.learning_rate)
     else:
         optimizer = keras.optimizers.SGD(learning_rate=config.learning_rate, momentum=config.momentum)
-    step_fn = dp.PrivateTrainStep(model, optimizer, _per_example_loss, mechanism=mechanism)
+    step_fn = dp.PrivateTrainStep(model, optimizer, _per_example_loss, engine=engine)
     pipeline = data.make_train_pipeline(
         source, sampler=sampler, num_steps=steps, seed=config.seed,
         sampling_key=mechanism.sampling_key,

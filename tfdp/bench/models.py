@@ -39,7 +39,7 @@ def build_step(args):
 
     from tfdp import dp
     from tfdp.dpsgd_config import DPSGDConfig
-    from tfdp.mechanism import DPSGD
+    from tfdp.engine import make_engine
 
     method = args.child_method
     jit = args.child_jit == "on"
@@ -56,11 +56,11 @@ def build_step(args):
             weight_decay=args.weight_decay, jit_compile=jit,
         )
     else:
-        mechanism = DPSGD.from_config(
-            DPSGDConfig(args.l2_norm_clip, args.noise_multiplier),
+        engine = make_engine(
+            DPSGDConfig(args.l2_norm_clip, args.noise_multiplier), sampler=None, key=None,
             expected_batch_size=args.batch_size * args.virtual_steps)
         step = dp.PrivateTrainStep(
-            model, optimizer, loss_fn, mechanism=mechanism, method=method,
+            model, optimizer, loss_fn, engine=engine, method=method,
             weight_decay=args.weight_decay, jit_compile=jit,
         )
     return model, step

@@ -103,6 +103,9 @@ class PrivateTrainStep:
         mechanism: `tfdp.DPSGD`. The privacy contract: C, σ, the divisor
             and the secret key. Or leave it None and pass the keyword
             conveniences below, which build one.
+        engine: `tfdp.engine.DPEngine` or None. A route's engine (the
+            trainer's): its mechanism and its aggregator, instead of
+            `mechanism`.
         l2_norm_clip: float. Clipping bound C (without `mechanism`).
         noise_multiplier: float. σ; the noise std on the sum is σ·C
             (without `mechanism`).
@@ -138,6 +141,7 @@ class PrivateTrainStep:
         per_example_loss_fn,
         *,
         mechanism=None,
+        engine=None,
         l2_norm_clip=None,
         noise_multiplier=None,
         expected_batch_size=None,
@@ -155,6 +159,12 @@ class PrivateTrainStep:
                 "augmentation_multiplicity must be >= 1. "
                 f"Received: augmentation_multiplicity={augmentation_multiplicity}"
             )
+        if engine is not None:
+            if mechanism is not None:
+                raise ValueError(
+                    "Pass the engine or a mechanism, not both: the engine holds its "
+                    "mechanism. Received: engine and mechanism")
+            mechanism = engine.mechanism
         if mechanism is None:
             if noise_multiplier is None:
                 raise ValueError(
@@ -181,7 +191,10 @@ class PrivateTrainStep:
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = _float32_loss(per_example_loss_fn)
-        self.aggregator = noisy_aggregator.NoisyAggregator.for_mechanism(mechanism)
+        # The engine's release (`tfdp.engine.DPEngine.aggregator`); a bare
+        # mechanism's, made the same way.
+        self.aggregator = (engine.aggregator if engine is not None else
+                           noisy_aggregator.NoisyAggregator.for_mechanism(mechanism))
         self.method = clipping.resolve_method(model, method)
         self.weight_decay = float(weight_decay)
         self.seed = int(seed)

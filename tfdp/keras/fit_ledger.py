@@ -7,7 +7,7 @@ where the noise was divided by another public divisor, at the optimizer's
 epoch that released a step (`PrivacyAccount.accounted_steps`).
 """
 
-from tfdp import mechanism as mechanism_lib
+from tfdp import engine as engine_lib
 from tfdp import privacy
 from tfdp import samplers
 from tfdp.privacy import accounting as privacy_accounting
@@ -59,12 +59,12 @@ def accounting_mechanism(builder, dataset_size=None, delta=None):
     # contract's budget (`budget_steps`).
     request = mech.config.replace(noise_multiplier=mech.noise_multiplier,
                                   target_epsilon=mech.target_epsilon, delta=delta)
-    return mechanism_lib.DPSGD.from_config(
+    return engine_lib.make_engine(
         request, sampler=samplers.for_accounting(
             name, None, dataset_size=n, batch_size=min(batch, n),
             **({"bands": mech.bands} if samplers.sampler_class(name).takes_bands else {})),
-        secret_key=mech.secret_key,
-    )
+        key=mech.secret_key,
+    ).mechanism
 
 
 def ledger(optimizer, *, dataset_size=None, delta=None, steps=None):

@@ -11,11 +11,11 @@ import tensorflow as tf
 
 from tfdp import distribute
 from tfdp import dpsgd_config
+from tfdp import engine as engine_lib
 from tfdp import mechanism as mechanism_lib
 from tfdp import samplers
 from tfdp import secret_key as secret_key_lib
 from tfdp import validation
-from tfdp.dp import noisy_aggregator
 from tfdp.keras import fit_route as fit_route_lib
 
 # The sampler `fit` asks for when none is given, by route kind: Poisson sampling
@@ -35,8 +35,10 @@ class MechanismBuilder:
     It holds the request, `request` (a `tfdp.DPSGDConfig`: C, σ, δ, the
     sampler asked for, the privacy unit and the accountant, validated when
     the optimizer is made), and binds it to each `fit` once the route has
-    fixed the sampler, N and B: `mechanism` is the `tfdp.DPSGD` of the last
-    `route_fit` (or the one given), None before. C, σ and δ live in the request
+    fixed the sampler, N and B: `engine` is the `tfdp.engine.DPEngine` of
+    the last `route_fit` (`tfdp.engine.make_engine`, as the trainer's), None
+    before; `mechanism` (its `tfdp.DPSGD`, or the one given) and
+    `aggregator` (its `NoisyAggregator`) read it. C, σ and δ live in the request
     (or the given mechanism) alone; the builder keeps the key and what a
     `fit` settles (B and N as asked, or None for "from the inputs").
 
@@ -76,7 +78,10 @@ class MechanismBuilder:
                  band_coefficients=None, target_epsilon=None):
         self.accumulation_steps = gradient_accumulation_steps
         self.fit_route = None
-        self.aggregator = None
+        # The engine of the last route (`route_fit`); None before one.
+        self.engine = None
+        # The mechanism given whole, or None (a request).
+        self._given_mechanism = None
         self._route_key = None
         # A public divisor other than B (`set_noise_divisor`); None: B.
         self.noise_divisor = None
@@ -118,7 +123,6 @@ class MechanismBuilder:
         self.secret_key = distribute.agreed_key(
             tf.distribute.get_strategy(),
             secret_key_lib.SecretKey.resolve(insecure_seed=insecure_reproducible_seed))
-        self.mechanism = None  # Bound by `route_fit`, once B is known.
 
     def _init_given(self, mechanism, **others):
         if not isinstance(mechanism, mechanism_lib.DPSGD):
@@ -136,14 +140,26 @@ class MechanismBuilder:
         self.given = True
         # The chief's key on every worker, as for a request.
         key = distribute.agreed_key(tf.distribute.get_strategy(), mechanism.secret_key)
-        self.mechanism = (mechanism if key == mechanism.secret_key
-                          else mechanism.with_secret_key(key))
+        self._given_mechanism = (mechanism if key == mechanism.secret_key
+                                 else mechanism.with_secret_key(key))
         self.request = mechanism.config
         self.secret_key = key
         self.expected_batch_size = None
         self.dataset_size = None
 
     # ------------------------------------------------------------------
+
+    @property
+    def mechanism(self):
+        """The `tfdp.DPSGD` of the last route's engine, or the one given; None before."""
+        if self.engine is not None:
+            return self.engine.mechanism
+        return self._given_mechanism
+
+    @property
+    def aggregator(self):
+        """The `NoisyAggregator` of the last route's engine; None before a route."""
+        return self.engine.aggregator if self.engine is not None else None
 
     @property
     def l2_norm_clip(self):
@@ -262,11 +278,7 @@ class MechanismBuilder:
                                               **self._sampler_options(cls, None))
         key = (kind, sampler, batch, self.delta, self.noise_divisor)
         if key != self._route_key:
-            if not self.given:
-                self.mechanism = self._fit_mechanism(sampler, batch)
-            with tf.init_scope():  # May run while a train step is traced.
-                self.aggregator = noisy_aggregator.NoisyAggregator.for_mechanism(
-                    self.mechanism, **self.aggregator_options)
+            self.engine = self._fit_engine(sampler, batch)
             self._route_key = key
         steps = None
         if kind in fit_route_lib.ARRAY_KINDS:
@@ -351,8 +363,12 @@ class MechanismBuilder:
         return {"user_ids": user_ids, "max_examples_per_user": self.max_examples_per_user,
                 **banded}
 
-    def _fit_mechanism(self, sampler, batch):
-        """The request bound to this fit: its sampler (or divisor) and the key."""
+    def _fit_engine(self, sampler, batch):
+        """The route's `tfdp.engine.DPEngine`: the request bound to this fit's sampler
+        (or divisor) and the key, or the mechanism given whole."""
+        options = dict(noise_options=self.aggregator_options, key=self.secret_key)
+        if self.given:
+            return engine_lib.make_engine(self._given_mechanism, sampler=None, **options)
         n = sampler.dataset_size if sampler is not None else None
         # δ by N of the sampler that draws the batches, even where the
         # divisor below is not its B.
@@ -360,13 +376,12 @@ class MechanismBuilder:
         if self.noise_divisor is not None:
             # The divisor is not B, so this mechanism carries no sampler;
             # `tfdp.keras.fit_ledger` accounts the route's.
-            return mechanism_lib.DPSGD.from_config(
-                request, expected_batch_size=self.noise_divisor, secret_key=self.secret_key)
+            return engine_lib.make_engine(request, sampler=None,
+                                          expected_batch_size=self.noise_divisor, **options)
         if sampler is None:
-            return mechanism_lib.DPSGD.from_config(
-                request, expected_batch_size=batch, secret_key=self.secret_key)
-        return mechanism_lib.DPSGD.from_config(request, sampler=sampler,
-                                               secret_key=self.secret_key)
+            return engine_lib.make_engine(request, sampler=None, expected_batch_size=batch,
+                                          **options)
+        return engine_lib.make_engine(request, sampler=sampler, **options)
 
     # ------------------------------------------------------------------
 

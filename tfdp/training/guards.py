@@ -111,16 +111,18 @@ def check_sensitivity(model, info, examples, *, l2_norm_clip, method, weight_dec
     return figure
 
 
-def probe_settings(mechanism, *, method, weight_decay, augmentation_multiplicity, group_size):
-    """`check_sensitivity`'s keyword arguments for a run; None without a mechanism.
+def probe_settings(engine, *, method, weight_decay, augmentation_multiplicity, group_size):
+    """`check_sensitivity`'s keyword arguments for a run; None without an engine.
 
-    The probe leaves one privacy unit out: the K augmentations of an
-    example, or the k rows of a user.
+    The engine's (`tfdp.engine.DPEngine.probe_settings`): the probe leaves
+    one privacy unit out, the K augmentations of an example or the k rows of
+    a user.
     """
-    if mechanism is None:
+    if engine is None:
         return None
-    return dict(l2_norm_clip=mechanism.l2_norm_clip, method=method, weight_decay=weight_decay,
-                augmentation_multiplicity=augmentation_multiplicity * group_size)
+    return engine.probe_settings(method=method, weight_decay=weight_decay,
+                                 augmentation_multiplicity=augmentation_multiplicity,
+                                 group_size=group_size)
 
 
 def check_before_training(model, info, batching, settings):

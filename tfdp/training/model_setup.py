@@ -71,10 +71,10 @@ def make_optimizer(config, contract):
 
 def make_train_step(model, optimizer, contract, batching, *, method, weight_decay, seed,
                     jit_compile, augmentation_multiplicity):
-    """`tfdp.dp.PrivateTrainStep` of `contract.mechanism`, or the non-private step."""
-    if contract.mechanism is not None:
+    """`tfdp.dp.PrivateTrainStep` of `contract.engine`, or the non-private step."""
+    if contract.engine is not None:
         return dp.PrivateTrainStep(
-            model, optimizer, evaluation.per_example_loss, mechanism=contract.mechanism,
+            model, optimizer, evaluation.per_example_loss, engine=contract.engine,
             method=method, weight_decay=weight_decay, seed=seed, jit_compile=jit_compile,
             augmentation_multiplicity=augmentation_multiplicity,
             group_size=batching.group_size,

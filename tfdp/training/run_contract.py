@@ -9,6 +9,7 @@ import dataclasses
 
 from tfdp import distribute
 from tfdp import dp
+from tfdp import engine as engine_lib
 from tfdp import mechanism as mechanism_lib
 from tfdp import samplers
 from tfdp import secret_key as secret_key_lib
@@ -66,23 +67,24 @@ def make_batching(train_source, *, sampler, privacy_unit, group_size, logical_ba
         pad_granule=pad_granule if replicas == 1 else None, group_size=group_size)
 
 
-def make_mechanism(config, sampler, *, steps, key):
-    """The run's `tfdp.DPSGD`: `config` (a `tfdp.DPSGDConfig`) bound to the run.
+def make_engine(config, sampler, *, steps, key):
+    """The run's `tfdp.engine.DPEngine`: `config` (a `tfdp.DPSGDConfig`) bound to the run.
 
     Args:
         config: `tfdp.DPSGDConfig`. The run's privacy request; its δ=None is
             `tfdp.privacy.default_delta(N)`.
         sampler: `tfdp.samplers.Sampler`. The run's sampler.
         steps: int. The planned logical steps.
-        key: `SecretKey`. The key of the noise and the batches.
+        key: `SecretKey`. The key of the noise and the batches, already
+            agreed across the workers (`requested_key`).
     """
-    mechanism = mechanism_lib.DPSGD.from_config(config, sampler=sampler, steps=steps,
-                                                secret_key=key)
+    engine = engine_lib.make_engine(config, sampler=sampler, steps=steps, key=key)
+    mechanism = engine.mechanism
     if mechanism.calibrated:
         reporting.log(
             f"calibrated noise_multiplier={mechanism.noise_multiplier:.4f} for "
             f"epsilon={config.target_epsilon} at delta={mechanism.delta} over {steps} steps")
-    return mechanism
+    return engine
 
 
 def requested_key(strategy, insecure_reproducible_seed):
@@ -103,15 +105,16 @@ def requested_key(strategy, insecure_reproducible_seed):
 class RunContract:
     """The privacy contract of one run, and what it allows: its steps, its key.
 
-    Private runs read C, σ, δ, the sampler and the key from `mechanism`
-    alone; non-private runs have no mechanism, and draw their batches from
+    Private runs read C, σ, δ, the sampler and the key from `engine`
+    (its `mechanism`) alone, and release through its aggregator; non-private runs have no mechanism, and draw their batches from
     `key` all the same. It is fixed before anything is built, and every
     stage of `tfdp.train` reads its steps and key from it.
 
     Args:
         sampler: `tfdp.samplers.Sampler`.
         total_steps: int. Logical steps planned for `OptimizationConfig.epochs`.
-        mechanism: `tfdp.DPSGD` or None (non-private).
+        engine: `tfdp.engine.DPEngine` or None (non-private): the contract,
+            its aggregator and the guarantees (`tfdp.engine.make_engine`).
         resume_point: `resume.ResumePoint` or None: the checkpoint to
             continue, already checked against this contract.
         non_private_key: `SecretKey` of a non-private run's batches.
@@ -122,10 +125,15 @@ class RunContract:
 
     sampler: object
     total_steps: int
-    mechanism: object
+    engine: object
     resume_point: object = None
     non_private_key: object = None
     ledger: object = None
+
+    @property
+    def mechanism(self):
+        """The engine's `tfdp.DPSGD`, or None (non-private)."""
+        return self.engine.mechanism if self.engine is not None else None
 
     @property
     def key(self):
@@ -139,9 +147,9 @@ class RunContract:
     @property
     def budget_steps(self):
         """The steps that fit the target ε (all of them without one)."""
-        if self.mechanism is None:
+        if self.engine is None:
             return self.total_steps
-        return self.mechanism.budget_steps(self.total_steps)
+        return self.engine.budget_steps(self.total_steps)
 
     @property
     def steps_per_epoch(self):
@@ -154,7 +162,7 @@ class RunContract:
 
 
 
-def make_run_contract(sampler, *, epochs, key, workdir, read_checkpoint, mechanism_fn):
+def make_run_contract(sampler, *, epochs, key, workdir, read_checkpoint, engine_fn):
     """The `RunContract`: a resumed run continues its checkpoint's key, once checked.
 
     Args:
@@ -163,18 +171,19 @@ def make_run_contract(sampler, *, epochs, key, workdir, read_checkpoint, mechani
         key: `SecretKey`. The key a fresh run asks for (`requested_key`).
         workdir: str. Where the checkpoints are.
         read_checkpoint: bool. False (a dry run) ignores any checkpoint.
-        mechanism_fn: `(steps, key) -> tfdp.DPSGD`, or None for a
-            non-private run.
+        engine_fn: `(steps, key) -> tfdp.engine.DPEngine` (`make_engine`),
+            or None for a non-private run.
     """
     total_steps = sampler.steps_for_epochs(epochs)
-    mechanism = mechanism_fn(total_steps, key) if mechanism_fn is not None else None
+    engine = engine_fn(total_steps, key) if engine_fn is not None else None
+    mechanism = engine.mechanism if engine is not None else None
     resume_point = resume.read_resume_point(workdir, mechanism) if read_checkpoint else None
     if resume_point is not None and resume_point.key is not None:
         key = resume_point.key  # Continue the checkpoint's noise and batches.
-        mechanism = mechanism.with_secret_key(key) if mechanism is not None else None
-    return RunContract(sampler=sampler, total_steps=total_steps, mechanism=mechanism,
-                   resume_point=resume_point, non_private_key=None if mechanism else key,
-                   ledger=mechanism.ledger() if mechanism is not None else None)
+        engine = engine.with_key(key) if engine is not None else None
+    return RunContract(sampler=sampler, total_steps=total_steps, engine=engine,
+                       resume_point=resume_point, non_private_key=None if engine else key,
+                       ledger=engine.ledger() if engine is not None else None)
 
 
 def make_contract_and_batching(train_source, strategy, *, privacy, optimization, run, workdir,
@@ -213,7 +222,7 @@ def make_contract_and_batching(train_source, strategy, *, privacy, optimization,
         read_checkpoint=read_checkpoint,
         key=requested_key(strategy, privacy.insecure_reproducible_seed),
         # "optimized" band coefficients are fitted to the planned steps.
-        mechanism_fn=None if privacy.dpsgd_config is None else lambda steps, key: make_mechanism(
+        engine_fn=None if privacy.dpsgd_config is None else lambda steps, key: make_engine(
             privacy.request_for(steps), batching.sampler, steps=steps, key=key))
     return contract, batching
 
