@@ -103,6 +103,7 @@ class TrainTest(tf.test.TestCase):
         self.assertIn("one more step would exceed the budget", result.stdout)
         self.assertGreater(int(match["steps"]), 0)
 
+    @pytest.mark.slow  # 12-20 s of a whole run or a memory measurement (CI runs it).
     def test_each_sampler_is_accounted_for_what_it_does(self):
         # Shuffle batches get the bound that holds for any order (one
         # Gaussian mechanism per pass), never Poisson's amplification.

@@ -65,6 +65,7 @@ class TrainOnYourImagesTest(tf.test.TestCase):
         self.assertAllClose(float(final["eps"]), summary["epsilon"], rtol=1e-3)
         self.assertLessEqual(summary["epsilon"], 8.0 + 1e-6)
 
+    @pytest.mark.slow  # 12-20 s of a whole run or a memory measurement (CI runs it).
     def test_folder_with_a_separate_test_set_duplicates_corrupt_files_and_validation(self):
         root = self.create_tempdir().full_path
         next_id = image_files.write_folder(

@@ -141,6 +141,7 @@ def _conv_stack(size):
     return keras.Model(inp, keras.layers.Dense(10)(h))
 
 
+@pytest.mark.slow  # 12-20 s of a whole run or a memory measurement (CI runs it).
 class StreamedMemoryTest(tf.test.TestCase):
     """Peak memory of the streamed path over non-private backprop, as the image grows.
 

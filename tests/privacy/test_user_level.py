@@ -202,6 +202,7 @@ class UserBlocksTest(tf.test.TestCase):
 
 class UserLevelTrainerTest(tf.test.TestCase):
 
+    @pytest.mark.slow  # 12-20 s of a whole run or a memory measurement (CI runs it).
     def test_user_level_run_states_its_unit_and_refuses_another_on_resume(self):
         rng = np.random.default_rng(0)
         path = os.path.join(self.create_tempdir().full_path, "users.npz")
