@@ -70,6 +70,20 @@ class ContractBudgetTest(ktc.KerasTestCase):
         self.assertLen(said, 1)
         self.assertIn("allows 0", said[0])
 
+    def test_an_optimizers_target_epsilon_is_kept_and_saved(self):
+        x, y = ktc.digits(self.N)
+        optimizer = tfdp.DPOptimizer(keras.optimizers.SGD(0.1), l2_norm_clip=1.0,
+                                     noise_multiplier=0.5, target_epsilon=1.0)
+        restored = tfdp.DPOptimizer.from_config(optimizer.get_config())
+        self.assertEqual(restored.get_config()["target_epsilon"], 1.0)
+        dp = _compile(ktc.tiny_model(), optimizer)
+        before = ktc.weights(dp)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dp.fit(x, y, batch_size=self.B, verbose=0)
+        self.assertEqual(int(optimizer.iterations.numpy()), 0)
+        self.assertWeightsClose(ktc.weights(dp), before, rtol=0, atol=0)
+
     def test_poisson_steps_stop_at_the_budget(self):
         x, y = ktc.digits(self.N)
         mechanism = tfdp.DPSGD(1.0, 1.0, sampler=_sampler("poisson", self.N, self.B),
