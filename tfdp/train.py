@@ -149,7 +149,7 @@ def train(workdir, seed=0, strategy_name=None, dry_run=False, *, data_config=Non
         # for banded noise, the last b - 1 noise tensors: a resumed run continues
         # the same correlated noise.
         state = resume.restore_run(workdir, dist, model, optimizer, ema, contract,
-                                   noise_state=getattr(step_fn, "noise_state", None),
+                                   noise_state=step_fn.variables_to_checkpoint(),
                                    save_dir=worker.checkpoint_dir)
         # The workdir's summary, on every worker: all of them stop at once.
         finished = reporting.finished_summary(workdir, state.start_step, contract.budget_steps,

@@ -12,6 +12,7 @@ from tfdp.dp.freezing import freeze_unclippable
 from tfdp.dp.jacobian_clipping import jacobian_clipped_sum
 from tfdp.dp.layerwise_plan import ClippingPlan
 from tfdp.dp.layerwise_plan import plan
+from tfdp.dp.logical_step_state import LogicalStepState
 from tfdp.dp.logical_steps import run_logical_steps
 from tfdp.dp.noise import add_noise
 from tfdp.dp.noise import step_seed

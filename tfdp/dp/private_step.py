@@ -47,6 +47,7 @@ from tfdp import dpsgd_config
 from tfdp import mechanism as mechanism_lib
 from tfdp.dp import augmentation_multiplicity as augmentation_multiplicity_lib
 from tfdp.dp import clipping
+from tfdp.dp import logical_step_state
 from tfdp.dp import noisy_aggregator
 
 
@@ -203,26 +204,19 @@ class PrivateTrainStep:
         self.variables = model.trainable_variables
         with self.strategy.scope():
             self.optimizer.build(self.variables)
-            # float32 whatever the compute dtype: clipped sums and noise
-            # are accumulated in float32 under mixed precision too.
-            self.accumulators = [
-                _local_variable(tf.zeros(v.shape, tf.float32), "dp_accumulator")
-                for v in self.variables
-            ]
             self.stats = {
                 name: _local_variable(0.0, f"dp_{name}")
                 for name in ("examples", "norm_sum", "clipped", "nonfinite")
             }
-            # The last b - 1 noise tensors of a banded strategy, as w / R
-            # per replica (see the module docstring); none for DP-SGD.
-            self.noise_state = [
-                _local_variable(tf.zeros(self.aggregator.noise_state_shape(v.shape), tf.float32),
-                                "dp_noise_state")
-                for v in self.variables
-            ] if self.aggregator.correlated else []
-            # Physical batches seen in the current logical step: with the
-            # step, it seeds the augmentations (reproducible on resume).
-            self._micro_batches = _local_variable(0.0, "dp_micro_batches")
+            # The logical step's replica-local accumulators, batch counter
+            # (with the step, it seeds the augmentations: reproducible on
+            # resume) and the noise scheme's state, as w / R per replica
+            # (see the module docstring). float32 whatever the compute
+            # dtype: clipped sums and noise are accumulated in float32
+            # under mixed precision too.
+            self.step_state = logical_step_state.LogicalStepState(
+                self.aggregator, accumulator_dtype=tf.float32)
+            self.step_state.build(self.variables)
         grad_fn = self._grads_and_stats
         # No autograph: the step's Python control flow is all on static
         # values, and converting the clipping engine's code took 27 of the
@@ -251,7 +245,7 @@ class PrivateTrainStep:
             seed = tf.stack([
                 tf.cast(self.seed, tf.int64) + 1,
                 tf.cast(self.optimizer.iterations, tf.int64) * 100_003
-                + tf.cast(self._micro_batches, tf.int64),
+                + tf.cast(self.step_state.micro_batches, tf.int64),
             ])
             x, y, weights = augmentation_multiplicity_lib.repeat_and_augment(
                 x, y, weights, k, seed, self.augment_fn
@@ -291,26 +285,37 @@ class PrivateTrainStep:
 
     def _replica_accumulate(self, x, y, weights):
         grads, stats = self._replica_grads(x, y, weights)
-        self.aggregator.accumulate(
-            self.accumulators, grads, first=self._micro_batches.read_value() <= 0.0
-        )
+        self.step_state.accumulate(grads)
         for name, value in stats.items():
             self.stats[name].assign_add(value)
-        self._micro_batches.assign_add(1.0)
 
     def _replica_apply(self):
         # Noise placement (see the module docstring): each replica adds
         # noise / R of one common draw; the optimizer's cross-replica SUM
         # adds the R contributions back to exactly one N(0, (σC)²).
-        replicas = tf.distribute.get_replica_context().num_replicas_in_sync
-        grads = self.aggregator.noisy_mean(
-            self.accumulators, self.optimizer.iterations, num_replicas=replicas,
-            empty=self._micro_batches.read_value() <= 0.0,
-            noise_state=self.noise_state or None,
-        )
+        grads = self.step_state.noisy_mean(
+            self.optimizer.iterations, empty=self.step_state.is_empty())
         # Keras 3 (TF backend) all-reduces these with SUM in replica context.
         self.optimizer.apply(grads, self.variables)
-        self._micro_batches.assign(0.0)
+        self.step_state.reset()
+
+    # ------------------------------------------------------------------
+    # The logical step's state (`tfdp.dp.LogicalStepState`).
+    # ------------------------------------------------------------------
+
+    @property
+    def accumulators(self):
+        """The replica-local float32 clipped sums of the logical step, one per variable."""
+        return self.step_state.accumulators
+
+    @property
+    def noise_state(self):
+        """The noise scheme's state, w / R per replica ([] without one)."""
+        return self.step_state.noise_state or []
+
+    def variables_to_checkpoint(self):
+        """What the training checkpoints keep of the logical step: the noise state."""
+        return self.step_state.variables_to_checkpoint()
 
     # ------------------------------------------------------------------
     # Cross-replica drivers (tf.functions).

@@ -172,6 +172,8 @@ def route_fit(optimizer, *, arrays, dataset_size=None, physical_batch_size=None,
     route = optimizer.mechanism_builder.route_fit(
         arrays=arrays, dataset_size=dataset_size, physical_batch_size=physical_batch_size,
         shuffle=shuffle, user_ids=user_ids)
+    # The noise state of the route's noise scheme, for an optimizer built before.
+    optimizer.logical_step.prepare_route()
     n = route.sampler.dataset_size if route.sampler is not None else None
     # A stream is trusted to hold each example at most once per pass; its
     # passes are counted against N (`PrivacyAccount.check_pass`).

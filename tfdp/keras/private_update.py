@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from tfdp import distribute
 from tfdp.dp import clipping
+from tfdp.dp import logical_step_state
 from tfdp.dp import release_checks
 from tfdp.keras import training_probe
 
@@ -160,10 +161,15 @@ def _regularized_layers(model, weights_allowed=False):
 class LogicalStep:
     """The state and stages of a `DPOptimizer`'s logical step.
 
-    Holds the replica-local accumulators (the un-noised clipped sum so far),
-    the count of physical batches in the step and the epoch's first logical
-    step (read by the array pipelines). Under a strategy every replica keeps
-    its own sums and counts its own batches alike, with no communication.
+    Its state and stages are the engine's `tfdp.dp.LogicalStepState`
+    (`state`: the replica-local accumulators, the count of physical batches
+    in the step, the noise scheme's state), as in the trainer's
+    `PrivateTrainStep`; it adds the Keras route's policy: the account's
+    `release_allowed`, the release through `DPOptimizer.apply_noisy`, the
+    release under strategies (`release_step`), the releases that advanced
+    the noise state (`noise_steps`) and the epoch's first logical step (read
+    by the array pipelines). Under a strategy every replica keeps its own
+    sums and counts its own batches alike, with no communication.
 
     Args:
         optimizer: `tfdp.DPOptimizer`. Its wrapped optimizer applies the
@@ -173,17 +179,17 @@ class LogicalStep:
 
     def __init__(self, optimizer):
         self._optimizer = optimizer
-        self.accumulators = None
-        # Banded noise only: the last b − 1 noise tensors, and the releases
-        # that advanced them (never saved: the state is as secret as the key).
-        # Every release counts, so that a later `fit` call of this process
-        # finds `noise_steps == iterations` and continues the same state,
-        # while a Keras checkpoint (which restores `iterations` only) does not.
-        self.noise_state = None
+        # The accumulators, their dtype the variables', and the noise state
+        # (never saved: the state is as secret as the key), shaped by the
+        # current route's aggregator.
+        self.state = logical_step_state.LogicalStepState(
+            lambda: optimizer.mechanism_builder.aggregator)
+        # The releases that advanced the noise state. Every release counts,
+        # so that a later `fit` call of this process finds
+        # `noise_steps == iterations` and continues the same state, while a
+        # Keras checkpoint (which restores `iterations` only) does not.
         self.noise_steps = distribute.replica_local_variable(
             tf.constant(0, tf.int64), "dp_noise_steps", aggregation="first")
-        self.micro_step = distribute.replica_local_variable(
-            tf.constant(0, tf.int64), "dp_micro_step", aggregation="first")
         self.epoch_first_step = distribute.replica_local_variable(
             tf.constant(0, tf.int64), "dp_epoch_first_step", aggregation="first")
 
@@ -195,20 +201,32 @@ class LogicalStep:
         """
         return distribute.is_replica_local(self.micro_step)
 
+    @property
+    def accumulators(self):
+        """The un-noised clipped sums of the step, one per variable (None before `build`)."""
+        return self.state.accumulators
+
+    @property
+    def noise_state(self):
+        """The noise scheme's state, w / R per replica (None without one)."""
+        return self.state.noise_state
+
+    @property
+    def micro_step(self):
+        """The physical batches added in the logical step so far (int64)."""
+        return self.state.micro_batches
+
     def build(self, var_list):
-        """Creates one accumulator per trainable variable (never saved)."""
-        self.accumulators = [
-            distribute.replica_local_variable(tf.zeros(v.shape, v.dtype), "dp_accumulator")
-            for v in var_list
-        ]
-        bands = self._optimizer.bands
-        if bands > 1:
-            # Per replica w / R, summed across replicas (`NoisyAggregator`).
-            self.noise_state = [
-                distribute.replica_local_variable(
-                    tf.zeros([bands - 1, *v.shape], tf.float32), "dp_noise_state")
-                for v in var_list
-            ]
+        """Creates one accumulator per trainable variable, and the noise state (never saved).
+
+        The noise state once the route's aggregator is known: here, or at
+        `prepare_route` for an optimizer built before its `fit`.
+        """
+        self.state.build(var_list)
+
+    def prepare_route(self):
+        """Creates the noise state of the route's aggregator, if still missing (eager)."""
+        self.state.build_noise_state()
 
     def check_resumable(self):
         """Refuses a banded run restored from a Keras checkpoint (eager).
@@ -235,7 +253,7 @@ class LogicalStep:
 
     def start_epoch(self):
         """Discards the unfinished logical step, unreleased (eager)."""
-        self.micro_step.assign(0)
+        self.state.reset()
         self.epoch_first_step.assign(tf.cast(self._optimizer.iterations, tf.int64))
 
     def add_batch(self, clipped_sum, variables, last=None, examples=None, release=True):
@@ -278,16 +296,14 @@ class LogicalStep:
 
         def end_logical_step():
             self.release_or_drop(variables)
-            self.micro_step.assign(0)
+            self.state.reset()
             return tf.constant(True)
 
         tf.cond(end, end_logical_step, lambda: tf.constant(False))
 
     def accumulate(self, clipped_sum):
         """Stage 2: adds a physical batch's clipped sum to the logical step's."""
-        self._optimizer.mechanism_builder.aggregator.accumulate(
-            self.accumulators, clipped_sum, first=tf.equal(self.micro_step, 0))
-        self.micro_step.assign_add(1)
+        self.state.accumulate(clipped_sum)
 
     def noisy_mean(self, step):
         """Stage 3: the logical step's sum plus N(0, (σC)²) once, divided by B.
@@ -296,10 +312,7 @@ class LogicalStep:
         one common draw; the wrapped optimizer's cross-replica SUM then
         applies the one-device update, with the noise counted once.
         """
-        context = tf.distribute.get_replica_context()
-        replicas = 1 if context is None else context.num_replicas_in_sync
-        return self._optimizer.mechanism_builder.aggregator.noisy_mean(
-            self.accumulators, step, num_replicas=replicas, noise_state=self.noise_state)
+        return self.state.noisy_mean(step)
 
     def release_or_drop(self, variables):
         """Stage 4: the wrapped optimizer's update, unless the account refuses it.
@@ -343,7 +356,7 @@ class LogicalStep:
                 release = tf.function(lambda: strategy.run(replica_release), autograph=False)
                 self._replica_release_fn = release
             release()
-        self.micro_step.assign(0)
+        self.state.reset()
 
     def _apply(self, step, variables):
         grads = self._optimizer.final_gradients(self.noisy_mean(step), variables)

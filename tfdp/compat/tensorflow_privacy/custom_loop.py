@@ -293,6 +293,8 @@ def prepare(optimizer, rows, var_list):
     if not optimizer.built:
         with tf.init_scope():
             optimizer.build(var_list)
+    with tf.init_scope():  # The noise state of the route's scheme (a no-op once made).
+        optimizer.logical_step.prepare_route()
 
 
 # A constant: the message carries no value of the batch.
