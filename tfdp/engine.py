@@ -5,9 +5,10 @@ The one engine of every route (jax_privacy's config → make() → plan):
 (or divisor), the planned steps and the run's key, and the route then only
 asks the engine: the contract (`mechanism`, a `tfdp.DPSGD`), the
 `tfdp.dp.NoisyAggregator` that releases each logical step, the budget, the
-ledger, the training probe's settings, and the label and parameter checks.
-Each guarantee stays written once where it is (docs/PRIVACY.md, "Every
-route, every guarantee"); the engine delegates to it. `DPSGD.from_config`
+ledger and the training probe's settings. The other guarantees (the
+labels, non-finite values, duplicates) are checked where their data is, each
+by the one function written for it (docs/PRIVACY.md, "Every route, every
+guarantee"). `DPSGD.from_config`
 is called here and nowhere else on a route.
 
 The trainer's `tfdp.training.run_contract.RunContract` holds one, and so
@@ -20,10 +21,7 @@ import tensorflow as tf
 from tfdp import distribute
 from tfdp import dpsgd_config
 from tfdp import mechanism as mechanism_lib
-from tfdp import validation
 from tfdp.dp import noisy_aggregator
-from tfdp.dp import release_checks
-from tfdp.dp import sensitivity as sensitivity_lib
 
 
 class DPEngine:
@@ -102,27 +100,6 @@ class DPEngine:
         """
         return dict(l2_norm_clip=self.l2_norm_clip, method=method, weight_decay=weight_decay,
                     augmentation_multiplicity=augmentation_multiplicity * group_size)
-
-    def probe(self, model, loss, batch, *, method="auto", weight_decay=0.0,
-              augmentation_multiplicity=1, group_size=1, **kwargs):
-        """The training probe at C (`tfdp.dp.sensitivity.probe_training`); its figure."""
-        settings = self.probe_settings(method=method, weight_decay=weight_decay,
-                                       augmentation_multiplicity=augmentation_multiplicity,
-                                       group_size=group_size)
-        l2_norm_clip = settings.pop("l2_norm_clip")
-        method = settings.pop("method")
-        return sensitivity_lib.probe_training(model, loss, batch, l2_norm_clip, method,
-                                              **settings, **kwargs)
-
-    @staticmethod
-    def check_labels(labels, num_classes, name="labels"):
-        """Class labels in [0, num_classes) (`tfdp.validation.validate_labels`)."""
-        return validation.validate_labels(labels, num_classes, name=name)
-
-    @staticmethod
-    def check_parameters(variables, step, kept):
-        """Stops on NaN/Inf parameters (`tfdp.dp.release_checks.check_parameters_are_finite`)."""
-        return release_checks.check_parameters_are_finite(variables, step, kept)
 
     def __repr__(self):
         return f"DPEngine({self.mechanism!r}, noise_options={self.noise_options!r})"

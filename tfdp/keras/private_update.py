@@ -325,7 +325,6 @@ class LogicalStep:
 
         def release():
             self._apply(step, variables)
-            self.noise_steps.assign_add(1)
             return tf.constant(True)
 
         tf.cond(optimizer.account.release_allowed(step), release, lambda: tf.constant(False))
@@ -351,7 +350,6 @@ class LogicalStep:
             if release is None:
                 def replica_release():
                     self._apply(tf.cast(optimizer.iterations, tf.int64), variables)
-                    self.noise_steps.assign_add(1)
 
                 release = tf.function(lambda: strategy.run(replica_release), autograph=False)
                 self._replica_release_fn = release
@@ -363,3 +361,4 @@ class LogicalStep:
         # The one door to the wrapped optimizer, which refuses any other call.
         self._optimizer.apply_noisy(grads, variables)
         self._optimizer.account.record_release()
+        self.noise_steps.assign_add(1)
