@@ -77,12 +77,15 @@ class ReleaseGuard(keras.callbacks.Callback):
         max_steps = fit_ledger.budget_steps(optimizer, planned)
         if max_steps < planned:
             now = "" if done == 0 else f" ({done} taken before this fit)"
+            # The ε printed with its δ and the relation it holds for.
+            budget = fit_ledger.ledger(optimizer, steps=0)
             warnings.warn(
                 f"The privacy budget target_epsilon={target:g} allows {max_steps} "
                 f"accounted steps in all, and this fit plans {planned}{now}: it "
                 f"releases {max(max_steps - done, 0)} and stops at the budget, so "
-                f"epsilon stays <= {target:g}. To train longer, raise the noise multiplier "
-                "or the target.",
+                f"epsilon stays <= {target:g} at delta={budget.delta:g} "
+                f"({budget.adjacency} adjacency). To train longer, raise the noise "
+                "multiplier or the target.",
                 UserWarning, stacklevel=3)
         return cls(max_steps, pass_steps, target)
 
