@@ -49,6 +49,16 @@ def tree_depth(size):
     return math.ceil(math.log2(int(size) + 1))
 
 
+
+def validate_leaves_per_step(leaves_per_step):
+    """`leaves_per_step` (tree leaves of one logical step), or a clear error unless an int >= 1."""
+    if (isinstance(leaves_per_step, bool) or not isinstance(leaves_per_step, int)
+            or leaves_per_step < 1):
+        raise ValueError(
+            "leaves_per_step must be an int >= 1. "
+            f"Received: leaves_per_step={leaves_per_step!r}")
+    return leaves_per_step
+
 class TreeRestarts:
     """When DP-FTRL restarts its tree, as TF-Privacy's `restart_period` / `restart_warmup`.
 
@@ -214,12 +224,7 @@ class TreeAggregationLedger:
         self.restarts = restarts
         self.sensitivity = sensitivity
         self.l2_norm_clip = l2_norm_clip
-        if (isinstance(leaves_per_step, bool) or not isinstance(leaves_per_step, int)
-                or leaves_per_step < 1):
-            raise ValueError(
-                "leaves_per_step must be an int >= 1. "
-                f"Received: leaves_per_step={leaves_per_step!r}")
-        self.leaves_per_step = leaves_per_step
+        self.leaves_per_step = validate_leaves_per_step(leaves_per_step)
 
     @property
     def steps_per_epoch(self):

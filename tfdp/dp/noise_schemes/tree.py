@@ -139,13 +139,8 @@ class TreeNoise(base.NoiseScheme):
     event_function = staticmethod(tree_aggregation.tree_dp_event)
 
     def __init__(self, restarts, leaves_per_step=1):
-        if (isinstance(leaves_per_step, bool) or not isinstance(leaves_per_step, int)
-                or leaves_per_step < 1):
-            raise ValueError(
-                "leaves_per_step must be an int >= 1. "
-                f"Received: leaves_per_step={leaves_per_step!r}")
         self.restarts = restarts
-        self.leaves_per_step = leaves_per_step
+        self.leaves_per_step = tree_aggregation.validate_leaves_per_step(leaves_per_step)
 
     @classmethod
     def from_options(cls, *, coefficients=(1.0,), tree=None, leaves_per_step=1):
