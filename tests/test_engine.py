@@ -119,3 +119,49 @@ class EngineTest(tf.test.TestCase):
 
 if __name__ == "__main__":
     tf.test.main()
+
+
+class EngineDpEventTest(tf.test.TestCase):
+    """The engine accounts through its noise scheme's DP event, which is what
+    each route's ledger composes: DP-SGD's and banded noise's sampler event,
+    DP-FTRL's trees."""
+
+    def _engine(self, sampler, noise_options=None, config=None):
+        config = config or tfdp.DPSGDConfig(CLIP, SIGMA, accountant="rdp")
+        return engine_lib.make_engine(
+            config, sampler=sampler, key=secret_key.SecretKey.insecure_from_seed(SEED),
+            noise_options=noise_options)
+
+    def test_gaussian_and_banded_events_are_the_ledgers(self):
+        from tfdp import samplers
+        for name, config in (
+                ("poisson", None),
+                ("banded_poisson", tfdp.DPSGDConfig(CLIP, SIGMA, accountant="rdp", bands=3))):
+            extra = {"bands": 3} if name == "banded_poisson" else {}
+            sampler = samplers.make_sampler(name, dataset_size=N, logical_batch_size=BATCH,
+                                            physical_batch_size=PHYSICAL, **extra)
+            engine = self._engine(sampler, config=config)
+            self.assertEqual(engine.dp_event(30), engine.mechanism.dp_event(30))
+
+    def test_tree_event_is_dp_ftrl_ledgers(self):
+        from tfdp import samplers
+        from tfdp.privacy import tree_aggregation
+        restarts = tree_aggregation.TreeRestarts(8, None)
+        sampler = samplers.make_sampler("shuffle", dataset_size=N, logical_batch_size=BATCH,
+                                        physical_batch_size=BATCH)
+        engine = self._engine(sampler, {"tree": restarts, "leaves_per_step": 2})
+        ledger = tree_aggregation.TreeAggregationLedger(
+            SIGMA, delta=1e-5, dataset_size=N, batch_size=BATCH, steps=30, restarts=restarts,
+            leaves_per_step=2)
+        self.assertEqual(engine.dp_event(30), ledger.dp_event())
+        # And not the sampler's own event: the tree's noise is accounted as a tree.
+        self.assertNotEqual(engine.dp_event(30), sampler.dp_event(SIGMA, 30))
+
+    def test_a_banded_scheme_over_a_plain_sampler_is_refused(self):
+        from tfdp import samplers
+        sampler = samplers.make_sampler("poisson", dataset_size=N, logical_batch_size=BATCH,
+                                        physical_batch_size=PHYSICAL)
+        from tfdp.dp import noise_schemes
+        banded = noise_schemes.scheme_class("banded").from_options(coefficients=(0.8, 0.6))
+        with self.assertRaisesRegex(ValueError, "banded"):
+            banded.dp_event(sampler, SIGMA, 30)

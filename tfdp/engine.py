@@ -4,8 +4,8 @@ The one engine of every route (jax_privacy's config → make() → plan):
 `make_engine` binds a validated `tfdp.DPSGDConfig` to the route's sampler
 (or divisor), the planned steps and the run's key, and the route then only
 asks the engine: the contract (`mechanism`, a `tfdp.DPSGD`), the
-`tfdp.dp.NoisyAggregator` that releases each logical step, the budget, the
-ledger and the training probe's settings. The other guarantees (the
+`tfdp.dp.NoisyAggregator` that releases each logical step, the DP event of
+its noise scheme, the budget, the ledger and the training probe's settings. The other guarantees (the
 labels, non-finite values, duplicates) are checked where their data is, each
 by the one function written for it (docs/PRIVACY.md, "Every route, every
 guarantee"). `DPSGD.from_config`
@@ -91,6 +91,18 @@ class DPEngine:
     def ledger(self, steps=0, sensitivity=1):
         """The contract's `tfdp.privacy.PrivacyLedger` after `steps` (`tfdp.DPSGD.ledger`)."""
         return self.mechanism.ledger(steps, sensitivity=sensitivity)
+
+    def dp_event(self, steps):
+        """The `DpEvent` of `steps` released steps: the noise scheme's, over the sampler.
+
+        DP-SGD and banded noise compose the sampler's event (banded only over
+        a sampler whose units' steps are b apart); tree noise its trees'.
+        """
+        if self.sampler is None:
+            raise ValueError(
+                "An engine made with a divisor and no sampler has no DP event: account it "
+                "where the sampling is known. Received: sampler=None")
+        return self.aggregator.scheme.dp_event(self.sampler, self.noise_multiplier, steps)
 
     def probe_settings(self, *, method, weight_decay, augmentation_multiplicity=1, group_size=1):
         """The training probe's keyword arguments for this contract (C, the method, ...).

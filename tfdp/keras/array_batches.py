@@ -11,8 +11,9 @@ for Poisson sampling of users, each drawn user's block of
 weight-0 padding); for shuffle, the B examples at positions
 `[(s mod S)·B, (s mod S + 1)·B)` of pass `s // S`'s secret permutation, or of
 the arrays' own order with `ordered=True`. Either way a step lies inside one
-pass and holds no example twice. The last physical batch of each step carries
-`last=True`, on which the optimizer releases the step.
+pass and holds no example twice. The sampler cuts each step into physical
+batches (`Sampler.index_batches`, as for the trainer's pipeline); the last
+carries `last=True`, on which the optimizer releases the step.
 
 Under a multi-worker strategy each worker builds its share of every step:
 the sampler's host split (`Sampler.with_hosts`: unit i of a step goes to
@@ -52,24 +53,10 @@ def step_batches(x, y, sample_weight, sampler, sampling_key, *, ordered, first_s
     x = tf.convert_to_tensor(x)
     y = tf.convert_to_tensor(y)
     weights_of = None if sample_weight is None else tf.constant(sample_weight, tf.float32)
-    key = tf.constant(sampling_key, tf.int64)
-    batch = sampler.logical_batch_size
-    per_pass = int(sampler.steps_per_epoch)
     host, hosts = 0, 1
     if input_context is not None and input_context.num_input_pipelines > 1:
         host, hosts = input_context.input_pipeline_id, input_context.num_input_pipelines
         sampler = sampler.with_hosts(hosts, sampler.physical_batch_size // hosts)
-
-    def step_elements(step):
-        if ordered:
-            offset = (step % per_pass) * batch
-            indices = offset + tf.range(host, batch, hosts, dtype=tf.int64)
-            weights = tf.ones(tf.shape(indices), tf.float32)
-        else:
-            indices, weights = sampler.step_indices(key, step, host)
-        length = tf.shape(indices)[0]
-        lasts = tf.equal(tf.range(length), length - 1)
-        return tf.data.Dataset.from_tensor_slices((indices, weights, lasts))
 
     def epoch_steps(_):
         start = first_step.read_value()
@@ -77,15 +64,18 @@ def step_batches(x, y, sample_weight, sampler, sampling_key, *, ordered, first_s
             return tf.data.Dataset.range(start, tf.int64.max)
         return tf.data.Dataset.range(start, start + steps_per_epoch)
 
-    def gather(indices, weights, lasts):
+    def gather(batch):
         # Padding (-1) reads example 0 with weight 0: it contributes nothing.
-        safe = tf.maximum(indices, 0)
+        # Every batch is P rows here (no granule): keep the static batch size.
+        size = [sampler.physical_batch_size]
+        safe = tf.ensure_shape(tf.maximum(batch["indices"], 0), size)
+        weights = tf.ensure_shape(batch["weights"], size)
         if weights_of is not None:
             weights = weights * tf.gather(weights_of, safe)
-        return tf.gather(x, safe), tf.gather(y, safe), weights, lasts[-1]
+        return tf.gather(x, safe), tf.gather(y, safe), weights, batch["last"]
 
-    # Every step's length is a multiple of P, so batches never straddle steps.
-    ds = tf.data.Dataset.range(1).flat_map(epoch_steps).flat_map(step_elements)
-    ds = ds.batch(sampler.physical_batch_size, drop_remainder=True)
+    # The first step is read when the dataset is iterated, not when it is built.
+    steps = tf.data.Dataset.range(1).flat_map(epoch_steps)
+    ds = sampler.index_batches(sampling_key, steps, host, ordered=ordered)
     ds = ds.map(gather, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return ds.prefetch(tf.data.AUTOTUNE)

@@ -270,6 +270,65 @@ class Sampler(abc.ABC):
             the same on every host.
         """
 
+    def ordered_step_indices(self, step, host=0):
+        """This host's share of step `step` in the data's own order (no draw).
+
+        Only samplers with fixed-size steps have an order to follow (Keras'
+        `fit(shuffle=False)`); the others refuse.
+        """
+        raise ValueError(
+            f"sampler={self.name!r} draws steps of random size and has no data order "
+            "to follow. Use sampler='shuffle' for the data's own order.")
+
+    def index_batches(self, sampling_key, steps, host=0, granule=None, ordered=False):
+        """The physical batches of indices of the logical steps `steps`.
+
+        The one place where a logical step's draw is cut into physical
+        batches, for every route that reads rows by index (the trainer's
+        random-access pipeline and Keras fit's arrays): P rows each, or
+        fewer in a step's last batch where `granule` < P. A step's batches
+        never mix with another step's.
+
+        Args:
+            sampling_key: int64 `[2]`. The run's secret sampling sub-key.
+            steps: `tf.data.Dataset` of int64 scalars. The logical steps.
+            host: int. This input pipeline's index.
+            granule: int or None. As `step_indices`'. Defaults to None (P).
+            ordered: bool. The data's own order (`ordered_step_indices`)
+                instead of the secret draw. Defaults to `False`.
+
+        Returns:
+            A `tf.data.Dataset` of dicts: "step" (int64), "start" (int32, the
+            batch's first row within the step), "step_rows" (int32, the
+            step's rows on this host), "indices" (int64 `[n]`, -1 for
+            padding), "weights" (float32 `[n]`, 0 for padding) and "last"
+            (bool, True on the step's last batch).
+        """
+        import tensorflow as tf
+
+        p = self.physical_batch_size
+        key = tf.constant(sampling_key, tf.int64)
+
+        def step_batches(step):
+            if ordered:
+                indices, weights = self.ordered_step_indices(step, host)
+            else:
+                indices, weights = self.step_indices(key, step, host, granule=granule)
+            rows = tf.shape(indices)[0]
+            count = (rows + p - 1) // p
+
+            def physical_batch(chunk):
+                start = tf.cast(chunk, tf.int32) * p
+                window = slice(start, tf.minimum(start + p, rows))
+                return {"step": step, "start": start, "step_rows": rows,
+                        "indices": indices[window], "weights": weights[window],
+                        "last": tf.greater_equal(start + p, rows)}
+
+            return tf.data.Dataset.range(tf.cast(count, tf.int64)).map(
+                tf.autograph.experimental.do_not_convert(physical_batch))
+
+        return steps.flat_map(tf.autograph.experimental.do_not_convert(step_batches))
+
     def check_source(self, source):
         """Refuses a source this sampler cannot draw from, naming the fix."""
         if self.needs_random_access and not getattr(source, "random_access", False):

@@ -83,16 +83,23 @@ class ShuffleSampler(base.Sampler):
         del granule
         import tensorflow as tf
 
-        step = tf.cast(step, tf.int64)
-        epoch = step // self.steps_per_epoch
-        offset = (step % self.steps_per_epoch) * self.logical_batch_size
-        positions = offset + tf.range(host, self.logical_batch_size, self.num_hosts,
-                                      dtype=tf.int64)
+        epoch = tf.cast(step, tf.int64) // self.steps_per_epoch
+        positions, weights = self.ordered_step_indices(step, host)
         indices = tf.random.experimental.index_shuffle(
             positions, seed=keys.fold(sampling_key, keys.SALT_SHUFFLE, epoch),
             max_index=self.dataset_size - 1,
         )
-        return indices, tf.ones(tf.shape(indices), tf.float32)
+        return indices, weights
+
+    def ordered_step_indices(self, step, host=0):
+        """Positions `[(s mod S)·B, (s mod S + 1)·B)` of the pass, this host's share."""
+        import tensorflow as tf
+
+        step = tf.cast(step, tf.int64)
+        offset = (step % self.steps_per_epoch) * self.logical_batch_size
+        positions = offset + tf.range(host, self.logical_batch_size, self.num_hosts,
+                                      dtype=tf.int64)
+        return positions, tf.ones(tf.shape(positions), tf.float32)
 
     def passes(self, steps):
         """Passes over the data that `steps` logical steps touch; a partial
