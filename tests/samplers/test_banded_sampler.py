@@ -24,12 +24,36 @@ def _masks(sampler, steps, key=KEY):
 class TestGroups:
 
     @pytest.mark.parametrize("n, bands", [(1000, 4), (1003, 4), (101, 7)])
-    def test_each_example_is_in_exactly_one_group_of_balanced_size(self, n, bands):
+    def test_each_example_is_in_exactly_one_group(self, n, bands):
         groups = _sampler(n, 10, bands).groups(KEY).numpy()
         assert groups.shape == (n,) and groups.min() >= 0 and groups.max() < bands
-        sizes = np.bincount(groups, minlength=bands)
-        assert sorted(set(sizes)) <= [n // bands, -(-n // bands)]
-        assert sizes.sum() == n
+        assert np.bincount(groups, minlength=bands).sum() == n
+
+    def test_an_examples_group_does_not_depend_on_the_others(self):
+        # The privacy argument conditions on the other units' groups: adding
+        # a unit must leave theirs as they were (a balanced split moves them).
+        for bands in (2, 3, 5):
+            groups = [_sampler(n, 1, bands).groups(KEY).numpy() for n in range(bands, 40)]
+            for shorter, longer in zip(groups, groups[1:]):
+                np.testing.assert_array_equal(longer[:len(shorter)], shorter)
+
+    def test_groups_are_independent_and_uniform_over_keys(self):
+        # Chi-square over 3,000 keys: each unit's group is uniform, and each
+        # pair of units' groups is uniform over the b² pairs (independence).
+        from scipy import stats
+        n, bands, keys = 5, 3, 3000
+        sampler = _sampler(n, 1, bands)
+        draw = tf.function(sampler.groups, autograph=False)
+        rows = np.stack([draw(tf.constant([7, k], tf.int64)).numpy() for k in range(keys)])
+        for i in range(n):
+            assert stats.chisquare(np.bincount(rows[:, i], minlength=bands)).pvalue > 1e-3
+        for i in range(n):
+            for j in range(i + 1, n):
+                pairs = np.bincount(rows[:, i] * bands + rows[:, j], minlength=bands**2)
+                assert stats.chisquare(pairs).pvalue > 1e-3
+        # The group sizes vary: Binomial(N, 1/b), not a balanced split.
+        sizes = {tuple(np.bincount(r, minlength=bands)) for r in rows}
+        assert (5, 0, 0) in sizes and (2, 2, 1) in sizes
 
     def test_the_split_is_secret(self):
         sampler = _sampler(1000, 10, 4)
@@ -38,8 +62,7 @@ class TestGroups:
         assert not np.array_equal(np.sort(np.flatnonzero(a == 0)), np.arange(250))
 
     def test_the_split_is_drawn_once_per_key_and_is_the_same_in_a_graph(self):
-        # Each step's mask reuses the key's groups (two shuffles over N were
-        # 0.8 s a step at N = 4,000); traced or eager, a key splits alike, and
+        # Each step's mask reuses the key's groups; traced or eager, a key splits alike, and
         # a key known only when the graph runs is drawn there to the same split.
         sampler = _sampler(1000, 10, 4)
         eager = sampler.groups(KEY)

@@ -13,28 +13,33 @@ class BandGroups:
 
     Mixed into a Poisson sampler (before it in the bases) whose `mask` is
     over `dataset_size` privacy units: `BandedPoissonSampler` (examples),
-    `BandedUserPoissonSampler` (users). The units are split once into b
-    groups, as equal in size as possible (sizes ⌈N/b⌉ and ⌊N/b⌋), uniformly
-    at random from the secret sampling key: unit i goes to group
-    `label(π(i) mod b)`, π a secret permutation of the units and `label` a
-    secret permutation of the b groups. Step t draws from group t mod b
-    only, each of its units independently with probability
-    q = B / (N / b) = b·B / N, from the same uniform as `PoissonSampler`
-    (so with b = 1 its masks are the Poisson sampler's exactly). The steps
-    of one unit are therefore at least b apart.
+    `BandedUserPoissonSampler` (users). Each unit is put once into one of b
+    groups by a draw of its own, uniform over the groups, from the secret
+    sampling key and independent of every other unit's (`groups`). Step t
+    draws from group t mod b only, each of its units independently with
+    probability q = B / (N / b) = b·B / N, from the same uniform as
+    `PoissonSampler` (so with b = 1 its masks are the Poisson sampler's
+    exactly). The steps of one unit are therefore at least b apart.
 
-    The random labels make the split a uniformly random balanced labelled
-    partition: removing one unit leaves a uniformly random balanced
-    partition of the others, so the guarantee, proved for any fixed
-    partition, holds for the drawn one under add/remove-one-unit adjacency.
+    Why independent draws: the privacy argument (docs/PRIVACY.md, "Banded
+    matrix factorization") conditions on the other units' groups. Adding or
+    removing one unit must leave their groups distributed as before, which
+    independent draws do and a balanced split does not (splitting N + 1 units
+    into groups of ⌈(N+1)/b⌉ and ⌊(N+1)/b⌋ ties the others' groups to the
+    added unit's).
+
+    Group sizes therefore vary: a group holds Binomial(N, 1/b) units, whose
+    relative spread is √((b − 1) / N) (2.7 % at N = 4,000, b = 4), and a
+    step's expected batch is q times its group's size. The divisor stays B,
+    public; a group larger than N / b gets a proportionally larger update.
 
     Accounting (amplified banded matrix factorization, Choquette-Choo et al.
     2023, Theorem 4, as `jax_privacy`'s `amplified_bandmf_event`): with a
     b-banded strategy whose columns have norm <= 1
     (`tfdp.privacy.banded_mf`), T steps are DP-SGD over ⌈T/b⌉ rounds of the
     Poisson-subsampled Gaussian at the rate q within a group. The divisor of
-    the noisy sum is B, the expected batch size (a group's size times q,
-    on average over the groups).
+    the noisy sum is B, the expected batch size (a group's expected size
+    times q).
 
     Args:
         *args, **kwargs: the arguments of the sampler it is mixed into.
@@ -47,8 +52,7 @@ class BandGroups:
     def __init__(self, *args, bands=1, **kwargs):
         self.bands = base.positive_int("bands", bands)
         # The groups of each key drawn so far: they are fixed for a run, and
-        # drawing them (two index shuffles over N) took 0.8 s at N = 4,000 on
-        # 2 cores, which every step's mask would otherwise repeat.
+        # every step's mask would otherwise draw them again.
         self._groups_by_key = {}
         super().__init__(*args, **kwargs)
 
@@ -98,15 +102,11 @@ class BandGroups:
     def _draw_groups(self, sampling_key):
         import tensorflow as tf
 
-        positions = tf.random.experimental.index_shuffle(
-            tf.range(self.dataset_size, dtype=tf.int64),
-            seed=keys.fold(sampling_key, keys.SALT_BAND_GROUPS),
-            max_index=self.dataset_size - 1,
-        )
-        return tf.random.experimental.index_shuffle(
-            positions % self.bands, seed=keys.fold(sampling_key, keys.SALT_BAND_LABELS),
-            max_index=self.bands - 1,
-        )
+        # One uniform draw per unit, element i from Philox's counter i: no
+        # unit's group depends on another's, nor on N.
+        return tf.random.stateless_uniform(
+            [self.dataset_size], seed=keys.fold(sampling_key, keys.SALT_BAND_GROUPS),
+            minval=0, maxval=self.bands, dtype=tf.int64)
 
     def mask(self, sampling_key, step):
         """Boolean `[N]`: the units of group `step mod b`, each with probability q."""
@@ -134,8 +134,8 @@ class BandGroups:
 class BandedPoissonSampler(BandGroups, poisson.PoissonSampler):
     """Poisson sampling of examples within b groups: the sampler of banded MF DP-SGD.
 
-    The examples are split once into b secret, balanced groups and step t
-    samples group t mod b at q = b·B / N (`BandGroups`); with b = 1 its
+    Each example is put once into one of b secret groups, independently of
+    the others, and step t samples group t mod b at q = b·B / N (`BandGroups`); with b = 1 its
     batches and events are `PoissonSampler`'s exactly.
 
     Args:

@@ -9,16 +9,16 @@ from tfdp.samplers import user_poisson
 class BandedUserPoissonSampler(banded_poisson.BandGroups, user_poisson.UserPoissonSampler):
     """Poisson sampling of users within b groups: banded MF DP-SGD at user level.
 
-    The users (not the examples) are split once into b secret, balanced
-    groups, and step t draws the users of group t mod b, each with
+    Each user (not each example) is put once into one of b secret groups,
+    independently of the other users, and step t draws the users of group t mod b, each with
     probability q = b·B_u / N_u (`tfdp.samplers.BandGroups`); each drawn
     user brings at most k = `max_examples_per_user` of their examples, laid
     out and clipped as one block, as in `UserPoissonSampler`. A user's steps
     are therefore at least b apart, and T steps are accounted as ⌈T/b⌉
     rounds of the Poisson-subsampled Gaussian at q under add-or-remove-one-
-    user adjacency: the random labels of the groups make the split a
-    uniformly random balanced partition of the users, so the fixed-partition
-    argument holds when one user is added or removed. With b = 1 its batches
+    user adjacency: the other users' groups do not depend on the added or
+    removed user, so the fixed-partition argument holds for each of its
+    groups. With b = 1 its batches
     and events are `UserPoissonSampler`'s exactly.
 
     Args:

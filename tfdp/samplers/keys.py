@@ -5,9 +5,8 @@
 SALT_POISSON = 0x5EED0001
 SALT_SHUFFLE = 0x5EED0002
 SALT_AUGMENT = 0x5EED0003
-# The banded sampler's split of the examples into groups, and the groups' labels.
+# The banded samplers' groups of the privacy units.
 SALT_BAND_GROUPS = 0x5EED0005
-SALT_BAND_LABELS = 0x5EED0006
 
 
 def fold(base_key, salt, *data):
