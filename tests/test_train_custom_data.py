@@ -145,6 +145,31 @@ class TrainOnYourImagesTest(tf.test.TestCase):
         self.assertEqual(summary["not_covered_by_epsilon"]["skipped_undecodable_train"], 0)
         self.assertNotIn("validation_accuracy", summary["not_covered_by_epsilon"])
 
+    @pytest.mark.slow  # A whole run (CI runs it).
+    def test_npz_copies_kept_as_distinct_records(self):
+        path = os.path.join(self.create_tempdir().full_path, "arrays.npz")
+        rng = np.random.default_rng(0)
+        x = rng.integers(0, 256, (80, 16, 16), dtype=np.uint8)
+        x[70:] = x[0]  # One content, 11 rows: 10 copies of row 0.
+        x_test = rng.integers(0, 256, (20, 16, 16), dtype=np.uint8)
+        np.savez(path, x_train=x, y_train=np.arange(80) % 4, x_test=x_test,
+                 y_test=np.arange(20) % 4)
+        refused = run_train(f"--gin_param=DataConfig.dataset = 'npz:{path}'", *COMMON,
+                            workdir=self.create_tempdir().full_path)
+        self.assertNotEqual(refused.returncode, 0)
+        self.assertIn("10 rows are exact duplicates", refused.stderr + refused.stdout)
+        self.assertIn("duplicates='keep'", refused.stderr + refused.stdout)
+        out, summary, _ = self._train(f"npz:{path}", "--gin_param=DataConfig.duplicates = 'keep'")
+        self._check_epsilon(out, summary, 80)
+        self.assertIn("training data: kept 10 rows that repeat another row's content among 80 "
+                      "(duplicates='keep'; the largest group holds 11 identical rows)", out)
+        self.assertRegex(out, r"planned: were the largest group of 11 identical rows one "
+                              r"record, its guarantee would be (no finite epsilon|epsilon=)")
+        kept = summary["not_covered_by_epsilon"]["duplicates_kept"]
+        self.assertEqual((kept["copies"], kept["rows"], kept["largest_group"]), (10, 80, 11))
+        self.assertFalse(kept["covered_by_epsilon"])
+        self.assertGreater(kept["group_epsilon"], summary["epsilon"])
+
     @pytest.mark.slow
     def test_npz_arrays(self):
         path = os.path.join(self.create_tempdir().full_path, "arrays.npz")

@@ -160,7 +160,8 @@ def train(workdir, seed=0, strategy_name=None, dry_run=False, *, data_config=Non
             with open(os.path.join(out_dir, "config.gin"), "w") as f:
                 f.write(gin.config_str())
         run_contract.log_run_contract(model, contract, batching, dataset=data_config.dataset,
-                                      clipping_plan=clipping_plan, out_dir=out_dir)
+                                      clipping_plan=clipping_plan, out_dir=out_dir,
+                                      duplicates_kept=data.duplicates_kept)
         adapted = guards.check_before_training(model, data.info, batching, probe)
         reporter = reporting.make_run_reporter(
             out_dir, contract, state, data, adapted_state=adapted,

@@ -179,5 +179,44 @@ class RefusedCopiesTest(tf.test.TestCase):
         duplicates.check_rows(rows, where="x", sample_weight=[1, 1, 0, 0])
 
 
+class KeptCopiesTest(tf.test.TestCase):
+    """`duplicates="keep"`: distinct records that share their content are trained on,
+    counted, and reported with their largest group."""
+
+    def test_the_counter_finds_the_largest_group(self):
+        rows = np.array([[1], [2], [1], [1], [2], [3]], np.float32)
+        kept = duplicates.check_rows(rows, where="x", policy="keep")
+        self.assertEqual((kept.copies, kept.rows, kept.largest_group), (3, 6, 3))
+        self.assertIsNone(duplicates.check_rows(rows[[0, 1, 5]], where="x", policy="keep"))
+        # By user: a user's own copies are not copies; a group counts users.
+        kept = duplicates.check_rows(rows, where="x", policy="keep",
+                                     user_ids=[0, 1, 0, 2, 1, 3])
+        self.assertEqual((kept.copies, kept.largest_group), (1, 2))
+        self.assertFalse(kept.to_dict()["covered_by_epsilon"])
+        with self.assertRaisesRegex(ValueError, "duplicates must be one of.*Received: "
+                                    "duplicates='drop'"):
+            duplicates.check_rows(rows, where="x", policy="drop")
+
+    def test_npz_and_folder_copies_are_kept_and_counted(self):
+        images = RefusedCopiesTest._images(None, 12)
+        images[9:] = images[:3]
+        path = os.path.join(self.create_tempdir().full_path, "arrays.npz")
+        np.savez(path, x_train=images, y_train=np.arange(12) % 2)
+        splits = data.load_dataset(f"npz:{path}", duplicates="keep", test_fraction=0.25)
+        self.assertEqual((splits.duplicates_kept.copies, splits.duplicates_kept.largest_group),
+                         (3, 2))
+        self.assertLen(splits.train, 9)  # Nothing dropped: 12 less the test quarter.
+        # A folder's copied files are kept too: 3 copies of one image, and
+        # one image under both labels.
+        root = DuplicatesTest._folder_with_copies(self)
+        splits = data.load_dataset(f"folder:{root}", duplicates="keep")
+        self.assertEqual(splits.duplicates_dropped, {})
+        self.assertEqual((splits.duplicates_kept.copies, splits.duplicates_kept.largest_group),
+                         (3, 3))
+        self.assertEqual(splits.class_counts(), [11, 8])
+        with self.assertRaisesRegex(ValueError, "duplicates must be one of"):
+            data.load_dataset(f"npz:{path}", duplicates="yes")
+
+
 if __name__ == "__main__":
     tf.test.main()

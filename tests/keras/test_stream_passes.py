@@ -121,6 +121,30 @@ class StreamPassTest(ktc.KerasTestCase):
                 dp.fit(x, y, batch_size=P, epochs=1, verbose=0)
             self.assertEqual(int(dp.optimizer.iterations), 0)
 
+    def test_kept_copies_train_and_warn_with_their_group_epsilon(self):
+        # Distinct records with one content: `duplicates="keep"` trains on
+        # them, arrays and streams alike, and names the count and the group.
+        x = np.concatenate([self.x[:N // 2]] * 2)
+        y = np.concatenate([self.y[:N // 2], (self.y[:N // 2] + 1) % 10])
+        dp = tfdp.make_private(ktc.tiny_model())
+        dp.compile(optimizer=tfdp.DPOptimizer(
+            keras.optimizers.SGD(0.1), l2_norm_clip=1.0, noise_multiplier=1.0,
+            dataset_size=N, insecure_reproducible_seed=0), loss=ktc.xent())
+        with self.assertWarnsRegex(UserWarning, r"fit's x: kept 16 rows that repeat another "
+                                   r"row's content among 32.*largest group holds 2.*Planned: "
+                                   r"were the largest group of 2 identical rows one record.*"
+                                   r"epsilon=.*delta="):
+            dp.fit(x, y, batch_size=P, epochs=1, verbose=0, duplicates="keep")
+        self.assertGreater(int(dp.optimizer.iterations), 0)
+        stream = _compiled(expected_batch_size=P)
+        with self.assertWarnsRegex(UserWarning, r"a pass over the training stream: kept \d+ "
+                                   r"rows.*So far: were the largest group of 2"):
+            stream.fit(self._stream(take=N // 2, repeat=2), epochs=1, verbose=0,
+                       duplicates="keep")
+        self.assertEqual(int(stream.optimizer.iterations), N // P)
+        with self.assertRaisesRegex(ValueError, "duplicates must be one of"):
+            stream.fit(self._stream(), epochs=1, verbose=0, duplicates="drop")
+
     def test_xla_stream_fit_is_refused(self):
         dp = tfdp.make_private(ktc.tiny_model())
         dp.compile(optimizer=tfdp.DPOptimizer(keras.optimizers.SGD(0.1), l2_norm_clip=1.0,

@@ -57,3 +57,29 @@ def test_tighter_than_the_plain_conversion():
 def test_bad_group_size_is_refused():
     with pytest.raises(ValueError, match="Received: group_size=0"):
         privacy.group_epsilon(1.0, 10, 1e-5, 0)
+
+
+class TestCopiesClaim:
+    """`copies_claim`: the largest group of identical rows kept as distinct records."""
+
+    def test_poisson_runs_use_the_tight_conversion(self):
+
+        ledger = privacy.PrivacyLedger(1.0, 0.05, delta=1e-5, steps=50, accountant="rdp")
+        claim = privacy.copies_claim(ledger, 2)
+        tight = privacy.group_epsilon(1.0, 50, 1e-5, 2, sampling_rate=0.05)
+        assert claim["group_epsilon"] == tight
+        assert claim["group_delta"] == 1e-5
+        assert claim["group_epsilon"] > ledger.epsilon()
+        assert "identical rows one record" in privacy.describe_copies_claim(claim)
+
+    def test_other_runs_use_the_standard_conversion(self):
+
+        ledger = privacy.PrivacyLedger(2.0, delta=1e-6, steps=100, sampler="shuffle",
+                                       dataset_size=1000, batch_size=100)
+        claim = privacy.copies_claim(ledger, 3)
+        epsilon = ledger.epsilon()
+        assert claim["group_epsilon"] == 3 * epsilon
+        assert claim["group_delta"] == min(1.0, 3 * math.exp(2 * epsilon) * 1e-6)
+        banded = privacy.PrivacyLedger(1.0, delta=1e-5, steps=30, dataset_size=1000,
+                                       batch_size=50, bands=2, sampler="banded_poisson")
+        assert privacy.copies_claim(banded, 2)["group_epsilon"] == 2 * banded.epsilon()

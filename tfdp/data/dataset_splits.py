@@ -31,6 +31,9 @@ class DatasetSplits:
             `"validation"`), counted from the private data without noise;
             empty for data other than `folder:` (`tfrecord:`, `npz:` and
             tfds training data with copies is refused instead).
+        duplicates_kept: `tfdp.data.duplicates.KeptCopies` or None. Under
+            `duplicates="keep"`, the exact copies trained on as distinct
+            records (counts not covered by ε).
         undecodable_dropped: dict. Split -> images dropped because they do
             not decode (`tfdp.data.image_check`), for the splits as given
             (`"train"` is the training data before any held-out split);
@@ -50,6 +53,7 @@ class DatasetSplits:
     test_held_out: bool = False
     validation_held_out: bool = False
     duplicates_dropped: dict = dataclasses.field(default_factory=dict)
+    duplicates_kept: object = None
     undecodable_dropped: dict = dataclasses.field(default_factory=dict)
     undecodable_files: list = dataclasses.field(default_factory=list)
 

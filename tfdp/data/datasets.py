@@ -46,6 +46,7 @@ import gin
 
 from tfdp.data import catalog
 from tfdp.data import dataset_splits
+from tfdp.data import duplicates as duplicates_lib
 from tfdp.data import kinds  # noqa: F401  (registers the dataset kinds)
 from tfdp.data import registry
 from tfdp.data import splits
@@ -100,6 +101,7 @@ def load_dataset(
     cache_dir=None,
     in_memory_max_bytes=256 * 2**20,
     privacy_unit="example",
+    duplicates="refuse",
 ):
     """Loads a dataset as train, validation and test sources.
 
@@ -163,6 +165,11 @@ def load_dataset(
             (exact copies, whatever the label) is refused, except, under
             `"user"`, copies held by one user (`tfdp.data.duplicates`).
             Defaults to `"example"`.
+        duplicates: str. `"refuse"` exact copies in the training data as
+            above (a folder's copied files are dropped), or `"keep"`: every
+            row is its own record, copies included, and the splits'
+            `duplicates_kept` counts them (`tfdp.data.duplicates`). Defaults
+            to `"refuse"`.
 
     Returns:
         A `DatasetSplits`.
@@ -174,6 +181,7 @@ def load_dataset(
             with exact copies (`tfrecord:`, `npz:`, tfds).
     """
     splits.check_fraction("validation_fraction", validation_fraction)
+    duplicates_lib.validate_policy(duplicates)
     splits.check_fraction("test_fraction", test_fraction, allow_zero=False)
     kind, location = registry.lookup(dataset)
     if test_dataset is not None and not kind.takes_test_dataset:
@@ -186,7 +194,8 @@ def load_dataset(
         data_dir=data_dir, seed=seed, test_dataset=test_dataset, test_fraction=test_fraction,
         image_size=image_size, channels=channels, preprocessing=preprocessing,
         num_classes=num_classes, image_key=image_key, label_key=label_key, user_key=user_key,
-        cache_dir=cache_dir, in_memory_max_bytes=in_memory_max_bytes, privacy_unit=privacy_unit)
+        cache_dir=cache_dir, in_memory_max_bytes=in_memory_max_bytes, privacy_unit=privacy_unit,
+        duplicates=duplicates)
     if not kind.prefixed:
         check_dataset_name(dataset)
     refuse_ignored_options(dataset, kind, options)

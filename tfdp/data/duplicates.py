@@ -36,8 +36,17 @@ from the held-out split.
 Only exact copies are found (same bytes): a re-encoded, resized or cropped
 copy of an image, or a float row rounded differently, is another example
 to this module.
+
+Distinct records may share their content (two patients' blank scans, a
+default avatar). Where the data owner knows that each row is its own
+record, `duplicates="keep"` (`policy=KEEP` here) trains on them: nothing
+is refused, and the check returns a `KeptCopies` (the count of copies and
+the largest group of identical rows) for the route to print beside the
+group ε of that group: what ε would be if those rows were one record
+after all. The default stays `"refuse"`.
 """
 
+import dataclasses
 import hashlib
 
 import numpy as np
@@ -50,7 +59,51 @@ _DIGEST_BYTES = 16
 DEDUPLICATE = (
     "Deduplicate the data (keep one row of each group of copies), or train at user level "
     "(privacy_unit='user' with each row's user) so that copies held by one user count as "
-    "that user's data.")
+    "that user's data. If each copy is a distinct record that happens to share its "
+    "content, pass duplicates='keep'.")
+
+
+REFUSE = "refuse"
+KEEP = "keep"
+POLICIES = (REFUSE, KEEP)
+
+
+def validate_policy(duplicates):
+    """`duplicates` checked: "refuse" (the default) or "keep"."""
+    if duplicates not in POLICIES:
+        raise ValueError(
+            f"duplicates must be one of {POLICIES}: 'keep' trains on rows that share their "
+            "content, as distinct records. Received: "
+            f"duplicates={duplicates!r}")
+    return duplicates
+
+
+@dataclasses.dataclass(frozen=True)
+class KeptCopies:
+    """Exact copies that `duplicates="keep"` trained on, as distinct records.
+
+    Counts of the private data, released without noise: not covered by ε.
+
+    Args:
+        copies: int. Rows whose content an earlier row had.
+        rows: int. The rows compared.
+        largest_group: int. The most rows that share one content (k >= 2).
+    """
+
+    copies: int
+    rows: int
+    largest_group: int
+
+    def describe(self, where):
+        """One line: the counts, and what keeping them means."""
+        return (f"{where}: kept {self.copies} rows that repeat another row's content among "
+                f"{self.rows} (duplicates='keep'; the largest group holds "
+                f"{self.largest_group} identical rows): ε holds for each row as its own "
+                "record. These counts are not covered by ε.")
+
+    def to_dict(self):
+        return {"copies": self.copies, "rows": self.rows,
+                "largest_group": self.largest_group, "covered_by_epsilon": False}
 
 
 def digest(data):
@@ -102,7 +155,9 @@ class CopyCounter:
         """Forgets the rows seen: a new pass."""
         self.rows = 0
         self.copies = 0
+        self.largest_group = 0
         self._users = {}  # digest -> the users (or None) whose rows had it.
+        self._group = {}  # digest -> the rows (or users) that count as one group.
 
     def add(self, digests, user_ids=None):
         """Takes a batch of rows; returns how many of them are copies.
@@ -118,10 +173,19 @@ class CopyCounter:
             holders = self._users.setdefault(key, set())
             if holders and (user is None or user not in holders):
                 copies += 1
+            if not holders or user is None or user not in holders:
+                self._group[key] = self._group.get(key, 0) + 1
+                self.largest_group = max(self.largest_group, self._group[key])
             holders.add(user)
         self.rows += len(digests)
         self.copies += copies
         return copies
+
+    def kept(self):
+        """The `KeptCopies` of the rows seen, or None without a copy."""
+        if not self.copies:
+            return None
+        return KeptCopies(self.copies, self.rows, self.largest_group)
 
 
 def copies_error(copies, rows, where, applied="Nothing was trained.", remedy=DEDUPLICATE):
@@ -145,8 +209,8 @@ def copies_error(copies, rows, where, applied="Nothing was trained.", remedy=DED
     )
 
 
-def check_rows(x, *, where, user_ids=None, sample_weight=None):
-    """Refuses arrays whose rows repeat (before any training).
+def check_rows(x, *, where, user_ids=None, sample_weight=None, policy=REFUSE):
+    """Refuses arrays whose rows repeat (before any training), unless told to keep them.
 
     Args:
         x: array `[n, ...]`. The inputs (numpy or a tensor).
@@ -155,10 +219,15 @@ def check_rows(x, *, where, user_ids=None, sample_weight=None):
             privacy. Defaults to None (every copy counts).
         sample_weight: array `[n]` or None. Rows of weight 0 contribute
             nothing and are not compared. Defaults to None.
+        policy: str. `REFUSE` (the default) or `KEEP`.
+
+    Returns:
+        None, or under `KEEP` the `KeptCopies` when there are copies.
 
     Raises:
-        ValueError: naming the count of copies.
+        ValueError: naming the count of copies (under `REFUSE`).
     """
+    validate_policy(policy)
     x = np.asarray(x)
     keep = np.arange(len(x))
     if sample_weight is not None:
@@ -166,12 +235,13 @@ def check_rows(x, *, where, user_ids=None, sample_weight=None):
     counter = CopyCounter(by_user=user_ids is not None)
     counter.add(row_digests(x[keep]),
                 None if user_ids is None else np.asarray(user_ids)[keep].tolist())
-    if counter.copies:
+    if counter.copies and policy == REFUSE:
         raise ValueError(copies_error(counter.copies, counter.rows, where))
+    return counter.kept()
 
 
-def check_source(source, *, where, by_user=False, remedy=DEDUPLICATE):
-    """Refuses a source whose examples repeat, before any training.
+def check_source(source, *, where, by_user=False, remedy=DEDUPLICATE, policy=REFUSE):
+    """Refuses a source whose examples repeat, before any training (unless told to keep them).
 
     Only examples whose size in bytes another example shares are hashed,
     where sizes are known without reading (`record_sizes()`). A
@@ -185,10 +255,15 @@ def check_source(source, *, where, by_user=False, remedy=DEDUPLICATE):
         by_user: bool. User-level privacy: copies held by one user are fine
             (the source's `user_ids`). Defaults to False.
         remedy: str. What the error tells to do. Defaults to `DEDUPLICATE`.
+        policy: str. `REFUSE` (the default) or `KEEP`.
+
+    Returns:
+        None, or under `KEEP` the `KeptCopies` when there are copies.
 
     Raises:
-        ValueError: naming the count of copies.
+        ValueError: naming the count of copies (under `REFUSE`).
     """
+    validate_policy(policy)
     sizes = source.record_sizes()
     shared = None
     if sizes is not None:
@@ -198,8 +273,9 @@ def check_source(source, *, where, by_user=False, remedy=DEDUPLICATE):
     user_ids = getattr(source, "user_ids", None)
     counter = CopyCounter(by_user=by_user and user_ids is not None)
     counter.add(digests, None if user_ids is None else user_ids.tolist())
-    if counter.copies:
+    if counter.copies and policy == REFUSE:
         raise ValueError(copies_error(counter.copies, counter.rows, where, remedy=remedy))
+    return counter.kept()
 
 
 def content_digests(source, sizes, shared_sizes, name):

@@ -40,6 +40,7 @@ class LoadOptions:
     cache_dir: object = None
     in_memory_max_bytes: int = 256 * 2**20
     privacy_unit: str = "example"
+    duplicates: str = "refuse"
 
 
 # The options for your own images only, with the defaults that mean "not asked for".

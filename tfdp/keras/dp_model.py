@@ -24,6 +24,7 @@ import keras
 import tensorflow as tf
 from keras.src.losses import loss as loss_module
 
+from tfdp.data import duplicates as duplicates_lib
 from tfdp.dp import layer_taps
 from tfdp.keras import fit_inputs
 from tfdp.keras import fit_route as fit_route_lib
@@ -130,7 +131,8 @@ class DPModel(keras.Model):
 
     def fit(self, x=None, y=None, batch_size=None, epochs=1, callbacks=None,
             validation_split=0.0, validation_data=None, shuffle=True, class_weight=None,
-            sample_weight=None, steps_per_epoch=None, user_ids=None, **kwargs):
+            sample_weight=None, steps_per_epoch=None, user_ids=None, duplicates="refuse",
+            **kwargs):
         """`keras.Model.fit` with DP-SGD batches and accounting.
 
         Arrays (numpy or tensors) are batched by tfdp (see
@@ -198,16 +200,24 @@ class DPModel(keras.Model):
         `privacy_unit="user"`, copies held by one user are allowed; rows of
         sample weight 0 are not compared). A stream's rows are hashed as
         each pass runs: the batch that repeats an earlier row of its pass
-        releases nothing, and `fit` stops with a `ValueError`.
+        releases nothing, and `fit` stops with a `ValueError`. Where each
+        copy is a distinct record that shares its content (two patients'
+        blank scans), `duplicates="keep"` trains on them: `fit` warns with
+        the count and what ε would be for the largest group of identical
+        rows were it one record (`tfdp.privacy.copies_claim`), before
+        training for arrays and after it for a stream.
 
         Args: as `keras.Model.fit`, and
             user_ids: array `[n]` or None. The user of each example (integers
                 or strings), under `privacy_unit="user"` only. Defaults to
                 None.
+            duplicates: str. "refuse" exact copies (the default) or "keep"
+                them as distinct records.
         `class_weight` is not supported with arrays (use `sample_weight`).
         """
         optimizer = self.dp_optimizer
         strategy = self.distribute_strategy
+        duplicates_lib.validate_policy(duplicates)
         replicas = train_function.check_strategy(strategy, optimizer)
         if self.model.built and not optimizer.built:
             with strategy.scope():  # Replica-local accumulators under a strategy.
@@ -228,11 +238,11 @@ class DPModel(keras.Model):
         if fit_inputs.is_array(x):
             if y is not None:
                 target_rule.check(y)
-            x, y, sample_weight, ids, dataset_size, common["validation_data"] = (
+            x, y, sample_weight, ids, dataset_size, common["validation_data"], kept = (
                 fit_inputs.prepare_arrays(
                     x, y, sample_weight, user_ids=user_ids, by_user=by_user,
                     class_weight=class_weight, validation_split=validation_split,
-                    validation_data=validation_data))
+                    validation_data=validation_data, duplicates_policy=duplicates))
             physical = batch_size or 32  # Keras' default for arrays.
             route = fit_route_lib.route_fit(optimizer, arrays=True, dataset_size=dataset_size,
                                             physical_batch_size=physical,
@@ -242,6 +252,7 @@ class DPModel(keras.Model):
                 optimizer, logical_steps, epochs - kwargs.get("initial_epoch", 0))
             if guard.spent(optimizer):  # The budget allows no step: run none.
                 return release_guard.empty_history(self)
+            fit_inputs.warn_kept_copies(optimizer, kept, "fit's x", logical_steps * epochs)
             return self._fit_arrays(x, y, sample_weight, route, logical_steps,
                                     [guard] + callbacks, common)
         fit_inputs.check_stream_route(
@@ -259,12 +270,16 @@ class DPModel(keras.Model):
         if guard.spent(optimizer):  # The budget allows no step: run none.
             return release_guard.empty_history(self)
         self._dp_prepare(route, physical, None)
+        optimizer.account.keep_copies = duplicates == duplicates_lib.KEEP
         common["callbacks"] = [train_function.EpochBoundary(check_pass=True),
                                guard] + callbacks
-        return super().fit(x, y, batch_size=batch_size, validation_split=validation_split,
-                           shuffle=shuffle, class_weight=class_weight,
-                           sample_weight=sample_weight, steps_per_epoch=steps_per_epoch,
-                           **common)
+        history = super().fit(x, y, batch_size=batch_size, validation_split=validation_split,
+                              shuffle=shuffle, class_weight=class_weight,
+                              sample_weight=sample_weight, steps_per_epoch=steps_per_epoch,
+                              **common)
+        fit_inputs.warn_kept_copies(optimizer, optimizer.account.kept_copies,
+                                    "a pass over the training stream")
+        return history
 
     def _fit_arrays(self, x, y, sample_weight, route, logical_steps, callbacks, common):
         """`fit` on arrays, on one device or over the strategy's R replicas (see `fit`).

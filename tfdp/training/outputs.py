@@ -56,6 +56,8 @@ def write_outputs(out_dir, model, ema, reporter, contract, state, data, *, steps
                      "hold against anyone who knows the seed"),
         privacy_unit=privacy_unit_lib.privacy_unit_summary(
             state.ledger, steps, contract.sampler.group_size),
+        duplicates_kept=privacy_unit_lib.kept_copies_summary(
+            state.ledger, steps, data.duplicates_kept),
     )
     if config.write_html_report and out_dir is not None:
         reporting.log(f"report: {report.write_report(out_dir)}")

@@ -90,3 +90,25 @@ def privacy_unit_summary(ledger, steps, k):
             unit["example_level_group_privacy"] = privacy.example_level_claim(
                 ledger, k, steps)
     return unit
+
+
+def log_kept_copies(mechanism, steps, kept):
+    """Under `DataConfig.duplicates='keep'`: the copies kept, and their group's ε.
+
+    Args:
+        mechanism: `tfdp.DPSGD` or None (a non-private run: nothing to say).
+        steps: int. The planned steps.
+        kept: `tfdp.data.duplicates.KeptCopies` or None.
+    """
+    if kept is None or mechanism is None:
+        return
+    reporting.log(kept.describe("training data"))
+    claim = privacy.copies_claim(mechanism.ledger(), kept.largest_group, steps)
+    reporting.log(f"planned: {privacy.describe_copies_claim(claim)}")
+
+
+def kept_copies_summary(ledger, steps, kept):
+    """`summary.json`'s `duplicates_kept`: the counts and the group's (ε, δ), or None."""
+    if kept is None or ledger is None:
+        return None
+    return dict(kept.to_dict(), **privacy.copies_claim(ledger, kept.largest_group, steps))

@@ -334,7 +334,7 @@ class RunReporter:
 
     def summary(self, *, epsilon, delta, steps, noise_multiplier, dataset_size,
                 validation_size, privacy_guarantee, not_private=None, privacy_unit=None,
-                bands=1, sampling_probability=None):
+                bands=1, sampling_probability=None, duplicates_kept=None):
         """Writes `summary.json` (unless `out_dir` is None), prints the `final:` lines;
         returns the dict.
 
@@ -360,6 +360,10 @@ class RunReporter:
                 probability in a step it can be drawn in: B / N, and for
                 b > 1 the rate within its group, b·B / N (the accounted q).
                 Defaults to None.
+            duplicates_kept: dict or None. Under `DataConfig.duplicates =
+                'keep'`, the copies trained on and their group's (ε, δ)
+                (`privacy_unit.kept_copies_summary`): counts of the private
+                data, under `not_covered_by_epsilon`. Defaults to None.
         """
         if self.report_non_dp_statistics and self.duplicates_dropped:
             self.non_dp_metrics.update(
@@ -387,6 +391,8 @@ class RunReporter:
             not_covered["data_preparation"] = dict(self.data_preparation)
         if self.adapted_state:
             not_covered["adapted_state"] = list(self.adapted_state)
+        if duplicates_kept:
+            not_covered["duplicates_kept"] = dict(duplicates_kept)
         not_covered.update(self.non_dp_metrics)
         if self.ledger is not None:
             summary["adjacency"] = self.ledger.adjacency

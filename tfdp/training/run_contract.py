@@ -264,8 +264,13 @@ def make_clipping_plan(model, batching, info, privacy):
                    memory_budget_mb=privacy.clipping_memory_budget_mb)
 
 
-def log_run_contract(model, contract, batching, *, dataset, clipping_plan, out_dir):
+def log_run_contract(model, contract, batching, *, dataset, clipping_plan, out_dir,
+                     duplicates_kept=None):
     """The lines logged before training: the clipping plan, the data and steps, the contract.
+
+    With `duplicates_kept` (`DataConfig.duplicates='keep'`), the copies
+    trained on as distinct records and their group's planned ε
+    (`privacy_unit.log_kept_copies`).
 
     The per-layer clipping table of `clipping_plan` (`make_clipping_plan`;
     None for non-private runs) goes to `<out_dir>/clipping_plan.txt` (not
@@ -304,6 +309,7 @@ def log_run_contract(model, contract, batching, *, dataset, clipping_plan, out_d
             f"q={sampler.group_sampling_rate:.5f} within the group; epsilon counts "
             f"{sampler.unit_count(contract.total_steps)} rounds of {contract.total_steps} steps")
     privacy_unit_lib.log_privacy_unit(mechanism, contract.total_steps)
+    privacy_unit_lib.log_kept_copies(mechanism, contract.total_steps, duplicates_kept)
     weak = samplers.weak_amplification_warning(
         sampler, epsilon=mechanism.ledger().epsilon_after(contract.total_steps),
         delta=mechanism.delta)

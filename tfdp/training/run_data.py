@@ -23,6 +23,8 @@ class RunData:
         held_out: dict. Split name -> size, for the splits held out of the
             training data: private examples evaluated without noise.
         duplicates_dropped: dict. Exact duplicates dropped, per split.
+        duplicates_kept: `tfdp.data.duplicates.KeptCopies` or None. Copies
+            trained on as distinct records (`DataConfig.duplicates="keep"`).
         undecodable_dropped: dict. Image files that do not decode, dropped
             when the data was loaded, per split as given ("train" before
             any hold-out).
@@ -36,6 +38,7 @@ class RunData:
     eval_preprocess: object = None
     held_out: dict = dataclasses.field(default_factory=dict)
     duplicates_dropped: dict = dataclasses.field(default_factory=dict)
+    duplicates_kept: object = None
     undecodable_dropped: dict = dataclasses.field(default_factory=dict)
 
     @property
@@ -84,7 +87,8 @@ def load_run_data(config, *, seed, dry_run, report_non_dp_statistics, privacy_un
     loaded = data_lib.load_dataset(dataset, data_dir=data_dir, seed=seed,
                                    validation_fraction=validation_fraction,
                                    test_dataset=config.test_dataset,
-                                   privacy_unit=privacy_unit)
+                                   privacy_unit=privacy_unit,
+                                   duplicates=config.duplicates)
     held_out = {name: len(getattr(loaded, name)) for name in ("test", "validation")
                 if getattr(loaded, f"{name}_held_out")}
     reporting.data_lines(
@@ -97,5 +101,6 @@ def load_run_data(config, *, seed, dry_run, report_non_dp_statistics, privacy_un
         train=loaded.train, validation=loaded.validation, test=loaded.test, info=loaded.info,
         train_preprocess=loaded.train_preprocess, eval_preprocess=loaded.eval_preprocess,
         held_out=held_out, duplicates_dropped=dict(loaded.duplicates_dropped),
+        duplicates_kept=loaded.duplicates_kept,
         undecodable_dropped=dict(loaded.undecodable_dropped),
     )

@@ -19,7 +19,8 @@ VALIDATION_AS_TEST = ("imagenet2012", "places365_small")
 DEDUPLICATE_TFDS = (
     "Write the training split without its copies (keep one of each group) as your own data, "
     "'npz:<file>' or 'tfrecord:<glob>' (or 'folder:<dir>', which drops copied files itself), "
-    "and train on that.")
+    "and train on that. If each copy is a distinct record that happens to share its content, "
+    "set DataConfig.duplicates = 'keep'.")
 
 
 @registry.register
@@ -36,8 +37,9 @@ class TfdsKind(registry.DatasetKind):
         name = location
         train = tfds_loading.load_tfds(name, "train", data_dir=options.data_dir)
         # Before the test split is read: copies refuse the data.
-        duplicates.check_source(train, where=f"tfds {name} (training data)",
-                                remedy=DEDUPLICATE_TFDS)
+        kept_copies = duplicates.check_source(
+            train, where=f"tfds {name} (training data)", remedy=DEDUPLICATE_TFDS,
+            policy=options.duplicates)
         test_split = "validation" if name in VALIDATION_AS_TEST else "test"
         test = tfds_loading.load_tfds(name, test_split, data_dir=options.data_dir)
         notes = f"tfds {name} ({type(train).__name__}); test: tfds split {test_split!r}"
@@ -49,4 +51,4 @@ class TfdsKind(registry.DatasetKind):
             train_pre = preprocessing.imagenet_train_preprocess()
             eval_pre = preprocessing.imagenet_eval_preprocess()
         return dataset_splits.DatasetSplits(train, None, test, train.info, train_pre, eval_pre,
-                                            notes)
+                                            notes, duplicates_kept=kept_copies)
