@@ -93,6 +93,18 @@ class BandedTrainerTest(tf.test.TestCase):
         self.assertNotEmpty(states)
         self.assertTrue(all(state.shape[0] == 3 for state in states))
 
+    def test_optimized_run_shorter_than_its_bands(self):
+        # 0.25 epochs of 1437 examples at 128 a step: 3 steps, fewer than the 6 bands.
+        workdir, summary = self._train("OptimizationConfig.epochs = 0.25",
+                                       "PrivacyConfig.bands = 6",
+                                       "PrivacyConfig.band_coefficients = 'optimized'")
+        self.assertEqual(summary["steps"], 3)
+        self.assertEqual(summary["bands"], 6)
+        coefficients = _ledger(workdir)["band_coefficients"]
+        self.assertAllClose(coefficients, banded_mf.optimized_coefficients(6, 3))
+        self.assertEqual(coefficients[3:], [0.0, 0.0, 0.0])
+        self.assertGreater(coefficients[0], 0)
+
     def test_one_band_through_the_new_settings_is_dp_sgd_bit_for_bit(self):
         dp_sgd_dir, dp_sgd = self._train()
         one_dir, one = self._train("PrivacyConfig.bands = 1",

@@ -9,9 +9,12 @@ import io
 import json
 import math
 import os
+import shutil
 import stat
 import subprocess
 import sys
+import time
+import zipfile
 from contextlib import redirect_stdout
 from unittest import mock
 
@@ -140,6 +143,83 @@ def fake_trainer(trial_dir, gin_files, gin_params, seed, run=None):
     with open(os.path.join(trial_dir, "model.keras"), "w") as f:
         f.write(f"model of base_lr={lr}")
     return 0
+
+
+# What docs/PRIVACY.md says every released file's time is: 1980-01-01 00:00:00 UTC.
+RELEASE_TIME_NS = 315532800 * 10**9
+RELEASE_ZIP_TIME = (1980, 1, 1, 0, 0, 0)
+RELEASE_DATE_SAVED = "1980-01-01@00:00:00"
+
+
+def _base_lr(gin_params):
+    return float([p for p in gin_params if p.startswith("OptimizationConfig.base_lr")][-1]
+                 .split("=")[1])
+
+
+def timed_trainer(clock):
+    """`fake_trainer` writing the outputs a real run releases, stamped by a simulated clock.
+
+    Each trial ends 11 simulated seconds after the one before: its files'
+    times, its Keras-style archive's entry times and `date_saved`, and its
+    `wall_time_s` all tell when it ran. The content is the setting's only.
+    """
+
+    def trainer(trial_dir, gin_files, gin_params, seed):
+        fake_trainer(trial_dir, gin_files, gin_params, seed)
+        lr = _base_lr(gin_params)
+        clock[0] += 11.0
+        now = clock[0]
+        stamp = time.gmtime(now)
+        with zipfile.ZipFile(os.path.join(trial_dir, "model.keras"), "w") as zf:
+            zf.writestr(zipfile.ZipInfo("metadata.json", stamp[:6]), json.dumps(
+                {"keras_version": "3", "date_saved": time.strftime("%Y-%m-%d@%H:%M:%S", stamp)}))
+            zf.writestr(zipfile.ZipInfo("config.json", stamp[:6]), json.dumps({"base_lr": lr}))
+            zf.writestr(zipfile.ZipInfo("model.weights.h5", stamp[:6]), f"weights {lr}" * 100)
+        os.makedirs(os.path.join(trial_dir, "saved_model", "variables"))
+        for name in ("saved_model/saved_model.pb", "saved_model/variables/variables.index",
+                     "config.gin", "operative_config.gin"):
+            with open(os.path.join(trial_dir, name), "w") as f:
+                f.write(f"{name} of base_lr={lr}")
+        summary_path = os.path.join(trial_dir, "summary.json")
+        with open(summary_path) as f:
+            summary = json.load(f)
+        summary["wall_time_s"] = 10.0 + now % 7  # Not the same in two trials.
+        with open(summary_path, "w") as f:
+            json.dump(summary, f, indent=2)
+        for root, dirs, files in os.walk(trial_dir):
+            for name in dirs + files:
+                os.utime(os.path.join(root, name), (now, now))
+        return 0
+
+    return trainer
+
+
+def release_snapshot(directory):
+    """Every entry of `directory`, in listing order: (path, mtime, atime, mode, bytes).
+
+    Each entry's times are read before it is read or listed (either may
+    move its atime).
+    """
+    stats = [("", os.lstat(directory))]
+
+    def walk(relative):
+        entries = [os.path.join(relative, name)
+                   for name in os.listdir(os.path.join(directory, relative))]
+        found = [(path, os.lstat(os.path.join(directory, path))) for path in entries]
+        stats.extend(found)
+        for path, status in found:
+            if stat.S_ISDIR(status.st_mode):
+                walk(path)
+
+    walk("")
+    snapshot = []
+    for path, status in stats:
+        data = None
+        if stat.S_ISREG(status.st_mode):
+            with open(os.path.join(directory, path), "rb") as f:
+                data = f.read()
+        snapshot.append((path, status.st_mtime_ns, status.st_atime_ns, status.st_mode, data))
+    return snapshot
 
 
 def expected_selection_epsilon(mean, shape):
@@ -376,7 +456,104 @@ class PrivateSelectionTest(tf.test.TestCase):
         released = os.path.join(workdir, "selected")
         self.assertTrue(os.path.isfile(os.path.join(released, "model.keras")))
         self.assertFalse(os.path.exists(os.path.join(released, "checkpoints")))
+        # Nothing released tells when it was written (times read before any read).
+        snapshot = release_snapshot(released)
+        self.assertIn("saved_model/saved_model.pb", [entry[0] for entry in snapshot])
+        for path, mtime, atime, _, _ in snapshot:
+            self.assertEqual((mtime, atime), (RELEASE_TIME_NS, RELEASE_TIME_NS), path)
+        with zipfile.ZipFile(os.path.join(released, "model.keras")) as zf:
+            self.assertEqual({i.date_time for i in zf.infolist()}, {RELEASE_ZIP_TIME})
+            self.assertEqual(json.loads(zf.read("metadata.json"))["date_saved"],
+                             RELEASE_DATE_SAVED)
+        with open(os.path.join(released, "summary.json")) as f:
+            self.assertNotIn("wall_time_s", json.load(f))
         for root, _, files in os.walk(released):  # Nothing released names a trial.
             for name in files:
                 with open(os.path.join(root, name), "rb") as f:
                     self.assertNotRegex(f.read(), rb"trial_\d", name)
+
+
+class ReleaseTest(tf.test.TestCase):
+    """The release of a private selection tells nothing of K nor of when the selected trial ran."""
+
+    def _select(self, workdir, draws, trainer):
+        # K = len(draws); trial i runs base_lr 0.1 (draw 0) or 0.5 (draw 1, the best).
+        generator = mock.Mock(poisson=mock.Mock(return_value=len(draws)),
+                              integers=mock.Mock(side_effect=list(draws)))
+        return tuning.select_privately(
+            gin_files=["mnist_default.gin"], gin_params=["DataConfig.validation_fraction = 0.1"],
+            grid={"OptimizationConfig.base_lr": ["0.1", "0.5"]},
+            trial_count=tuning.TrialCount(2.0), workdir=workdir, generator=generator,
+            trainer=trainer)
+
+    def test_the_release_is_the_same_whatever_k_and_whenever_the_selected_trial_ran(self):
+        workdir = os.path.join(self.create_tempdir().full_path, "W")
+        selected = os.path.join(workdir, "selected")
+        snapshots = []
+        # K = 1; K = 3, the selected trial last; K = 4, the selected trial first: each
+        # starts at another time, so every trial's own times differ.
+        for draws, start in [([1], 1.8e9), ([0, 0, 1], 1.8e9 + 1000.0),
+                             ([1, 0, 0, 0], 1.8e9 + 5000.0)]:
+            if os.path.exists(workdir):
+                shutil.rmtree(workdir)  # The same path: the record names it.
+            record = self._select(workdir, draws, timed_trainer([start]))
+            self.assertEqual(record["setting"], {"OptimizationConfig.base_lr": "0.5"})
+            snapshots.append(release_snapshot(selected))
+            self.assertCountEqual(os.listdir(workdir), [
+                "PRIVATE.txt", "selection.json", "selected",
+                *(f"trial_{i}" for i in range(len(draws)))])
+            self.assertNotEqual(os.stat(os.path.join(workdir, "trial_0", "model.keras"))
+                                .st_mtime_ns, RELEASE_TIME_NS)
+        # Bytes, times, modes and listing order: the same three releases.
+        self.assertEqual(snapshots[1], snapshots[0])
+        self.assertEqual(snapshots[2], snapshots[0])
+        self.assertCountEqual([entry[0] for entry in snapshots[0]], [
+            "", "model.keras", "saved_model", "saved_model/saved_model.pb",
+            "saved_model/variables", "saved_model/variables/variables.index", "summary.json",
+            "config.gin", "operative_config.gin", "selection.json"])
+        for path, mtime, atime, _, _ in snapshots[0]:
+            self.assertEqual((mtime, atime), (RELEASE_TIME_NS, RELEASE_TIME_NS), path)
+        with zipfile.ZipFile(os.path.join(selected, "model.keras")) as zf:
+            self.assertEqual([i.filename for i in zf.infolist()],
+                             ["metadata.json", "config.json", "model.weights.h5"])
+            self.assertEqual({i.date_time for i in zf.infolist()}, {RELEASE_ZIP_TIME})
+            self.assertEqual(json.loads(zf.read("metadata.json")),
+                             {"keras_version": "3", "date_saved": RELEASE_DATE_SAVED})
+            self.assertEqual(json.loads(zf.read("config.json")), {"base_lr": 0.5})
+        with open(os.path.join(workdir, "trial_0", "summary.json")) as f:
+            trial_summary = json.load(f)
+        with open(os.path.join(selected, "summary.json")) as f:
+            released_summary = json.load(f)
+        # The trial's wall time is not released; the rest of its summary is.
+        del trial_summary["wall_time_s"]
+        self.assertEqual(released_summary, trial_summary)
+        self.assertNotIn("selected.partial", os.listdir(workdir))
+
+    def test_the_released_keras_model_loads_and_records_no_save_time(self):
+        import keras
+
+        def keras_trainer(trial_dir, gin_files, gin_params, seed):
+            fake_trainer(trial_dir, gin_files, gin_params, seed)
+            model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(
+                1, kernel_initializer=keras.initializers.Constant(_base_lr(gin_params)))])
+            model.save(os.path.join(trial_dir, "model.keras"))
+            return 0
+
+        workdir = self.create_tempdir().full_path
+        self._select(workdir, [0, 1], keras_trainer)
+        with open(os.path.join(workdir, "selection.json")) as f:
+            trial_model = os.path.join(json.load(f)["selected_workdir"], "model.keras")
+        released = os.path.join(workdir, "selected", "model.keras")
+        with zipfile.ZipFile(trial_model) as trial, zipfile.ZipFile(released) as zf:
+            # Keras records when it saved; the release does not.
+            self.assertNotEqual(json.loads(trial.read("metadata.json"))["date_saved"],
+                                RELEASE_DATE_SAVED)
+            self.assertEqual(json.loads(zf.read("metadata.json"))["date_saved"],
+                             RELEASE_DATE_SAVED)
+            self.assertEqual({i.date_time for i in zf.infolist()}, {RELEASE_ZIP_TIME})
+            self.assertEqual(zf.namelist(), trial.namelist())
+            for name in trial.namelist():
+                if name != "metadata.json":
+                    self.assertEqual(zf.read(name), trial.read(name), name)
+        self.assertAllClose(keras.saving.load_model(released).layers[0].kernel,
+                            [[0.5], [0.5]])

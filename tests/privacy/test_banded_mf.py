@@ -93,6 +93,35 @@ class TestPrefixSumError:
                 < 0.97 * banded_mf.prefix_sum_error(square_root, T))
 
 
+    @pytest.mark.parametrize("bands", [1, 2, 3, 4, 5, 6])
+    def test_optimized_coefficients_are_valid_and_no_worse_for_every_t_up_to_twice_b(self, bands):
+        square_root = banded_mf.square_root_coefficients(bands)
+        for steps in range(1, 2 * bands + 1):
+            optimized = banded_mf.optimized_coefficients(bands, steps)
+            assert banded_mf.check_coefficients(optimized, bands=bands) == optimized
+            assert optimized[0] > 0
+            matrix = banded_mf.strategy_matrix(optimized, steps)
+            assert np.linalg.norm(matrix, axis=0).max() <= 1 + 1e-12
+            assert (banded_mf.prefix_sum_error(optimized, steps)
+                    <= banded_mf.prefix_sum_error(square_root, steps) * (1 + 1e-12)), steps
+            assert banded_mf.optimized_coefficients(bands, steps) == optimized  # Deterministic.
+
+    @pytest.mark.parametrize("bands, steps", [(2, 1), (3, 2), (4, 2), (6, 3), (6, 5)])
+    def test_fewer_steps_than_bands_optimise_the_t_banded_strategy_and_pad_zeros(
+            self, bands, steps):
+        optimized = banded_mf.optimized_coefficients(bands, steps)
+        # C over T steps holds only c_0 … c_(T-1); a later one would only add to the norm.
+        assert optimized[steps:] == (0.0,) * (bands - steps)
+        assert optimized[:steps] == banded_mf.optimized_coefficients(steps, steps)
+        assert math.isclose(np.linalg.norm(optimized), 1.0, rel_tol=1e-12)
+        # Strictly better than the square root, whose tail takes part of the norm.
+        assert (banded_mf.prefix_sum_error(optimized, steps)
+                < banded_mf.prefix_sum_error(banded_mf.square_root_coefficients(bands), steps))
+
+    def test_one_step_is_dp_sgd_whatever_the_bands(self):
+        assert banded_mf.optimized_coefficients(5, 1) == (1.0, 0.0, 0.0, 0.0, 0.0)
+
+
 def _rdp_epsilon(event, delta):
     accountant = rdp.RdpAccountant()
     accountant.compose(event)

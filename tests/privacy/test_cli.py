@@ -365,6 +365,26 @@ class CliBandsTest(parameterized.TestCase):
         self.assertLess(noise["optimized"]["prefix_sum_error"],
                         noise["sqrt"]["prefix_sum_error"])
 
+    @parameterized.parameters((2, 4), (3, 6), (1, 5), (5, 6))
+    def test_fewer_steps_than_bands_print_both_strategies(self, steps, bands):
+        code, out, err = _main("--dataset_size=60000", "--batch_size=256", f"--steps={steps}",
+                               "--noise_multiplier=1", "--delta=1e-5", f"--bands={bands}",
+                               "--json")
+        self.assertEqual(code, 0, err)
+        result = json.loads(out)
+        self.assertEqual(result["rounds"], 1)
+        noise = result["noise_error"]
+        optimized = noise["optimized"]["coefficients"]
+        self.assertLen(optimized, bands)
+        self.assertGreater(optimized[0], 0)
+        self.assertEqual(optimized[steps:], [0.0] * (bands - steps))
+        self.assertLess(noise["optimized"]["prefix_sum_error"],
+                        noise["sqrt"]["prefix_sum_error"])
+        code, out, err = _main("--dataset_size=60000", "--batch_size=256", f"--steps={steps}",
+                               "--noise_multiplier=1", "--delta=1e-5", f"--bands={bands}")
+        self.assertEqual(code, 0, err)
+        self.assertIn("noise, optimized (x C)", out)
+
     def test_users_are_split_into_the_groups(self):
         code, out, err = _main("--dataset_size=1000", "--batch_size=10", "--steps=100",
                                "--noise_multiplier=1", "--delta=1e-5", "--bands=4",

@@ -126,3 +126,15 @@ def test_bands_pick_the_banded_sampler_and_their_coefficients():
     # At b = 1 every choice is DP-SGD's.
     one = training.PrivacyConfig(noise_multiplier=1.0, band_coefficients="optimized")
     assert one.request_for(469).strategy_coefficients == (1.0,)
+
+
+@pytest.mark.parametrize("steps", [1, 2, 3, 5])
+def test_optimized_coefficients_fit_runs_shorter_than_the_bands(steps):
+    from tfdp.privacy import banded_mf
+
+    optimized = training.PrivacyConfig(noise_multiplier=1.0, bands=6,
+                                       band_coefficients="optimized")
+    coefficients = optimized.request_for(steps).strategy_coefficients
+    assert coefficients == banded_mf.optimized_coefficients(6, steps)
+    assert len(coefficients) == 6 and coefficients[0] > 0
+    assert coefficients[steps:] == (0.0,) * (6 - steps)

@@ -209,6 +209,10 @@ def optimized_coefficients(bands, steps, iterations=300):
     anything worse than the banded square root. A few hundred milliseconds
     for T in the thousands.
 
+    When T < b, C (T × T) holds only c_0 … c_{T-1}: the later coefficients
+    would add to the norm and lower nothing, so they are 0 and the first T
+    are the optimised T-banded strategy (T = 1 gives DP-SGD's (1, 0, …)).
+
     Args:
         bands: int. b >= 1.
         steps: int. T, the steps of the run.
@@ -219,9 +223,11 @@ def optimized_coefficients(bands, steps, iterations=300):
     """
     bands = validate_bands(bands)
     steps = _validate_steps(steps)
-    theta = np.asarray(square_root_coefficients(bands))
-    if bands == 1:
-        return tuple(theta)
+    used = min(bands, steps)
+    padding = (0.0,) * (bands - used)
+    theta = np.asarray(square_root_coefficients(used))
+    if used == 1:
+        return tuple(theta) + padding
 
     def evaluate(point):
         # A trial point whose C⁻¹ grows without bound overflows: it counts as
@@ -249,7 +255,7 @@ def optimized_coefficients(bands, steps, iterations=300):
             break
         theta, loss, grad = trial, trial_loss, trial_grad
         rate *= 2.0
-    return normalize_coefficients(theta)
+    return normalize_coefficients(theta) + padding
 
 
 def rounds(steps, bands):

@@ -2,7 +2,9 @@
 
 - `select_privately`: a private selection, accounted: the best of a secret,
   random number of trainer runs (`TrialCount`), released alone, with the
-  ε of `dp_accounting.RepeatAndSelectDpEvent` (Papernot & Steinke 2022).
+  ε of `dp_accounting.RepeatAndSelectDpEvent` (Papernot & Steinke 2022);
+  `release` writes what it releases with fixed times, so that nothing in it
+  tells K.
 - `read_summaries`, `select_by_validation`, `selection_guarantee`,
   `report`: choosing among existing runs, NOT accounted, and said so.
 

@@ -4,7 +4,8 @@
 setting uniformly from the grid, both from the OS's entropy; runs the
 trainer (`python -m tfdp.train`) once per trial in `W/trial_<i>/`; selects
 the trial with the best accuracy on the validation split; and releases that
-trial only, into `W/selected/`. Every trial must be the same DP event (same
+trial only, into `W/selected/`, written after every trial with fixed times
+(`tfdp.tuning.release`). Every trial must be the same DP event (same
 σ, steps, sampler, q, δ; the same data split), so the grid may vary only
 settings that do not change it (`check_grid`); the selection is then
 accounted as `RepeatAndSelectDpEvent` (`selection_accounting`).
@@ -19,7 +20,6 @@ import dataclasses
 import itertools
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -29,6 +29,7 @@ from tfdp import config
 from tfdp import privacy
 from tfdp import training
 from tfdp.tuning import existing_runs
+from tfdp.tuning import release
 from tfdp.tuning import selection_accounting
 from tfdp.tuning import trial_count as trial_count_lib
 
@@ -44,11 +45,6 @@ FIXED_FIELDS = {
         f.name for f in dataclasses.fields(training.PrivacyConfig)
         if f.init and f.name not in VARIABLE_PRIVACY_FIELDS),
 }
-# What a selection releases from the selected trial's workdir: the model and
-# the figures of that run; never its checkpoints (the secret key), logs or
-# TensorBoard files, which name the trial's directory and so its index.
-RELEASED_FILES = ("model.keras", "saved_model", "summary.json", "config.gin",
-                  "operative_config.gin")
 PRIVATE_NOTE = """\
 PRIVATE: everything in this directory except selected/ is as private as the
 training data. The number of trials (trial_<i>/ directories), every trial's
@@ -261,17 +257,6 @@ def account(trials, trial_count):
     return epsilon, delta, finished[0].summary["epsilon"], finished[0].ledger.adjacency
 
 
-def release(trial, destination):
-    """Copies the selected trial's `RELEASED_FILES` into `destination`."""
-    os.makedirs(destination, exist_ok=True)
-    for name in RELEASED_FILES:
-        source = os.path.join(trial.workdir, name)
-        if os.path.isdir(source):
-            shutil.copytree(source, os.path.join(destination, name))
-        elif os.path.isfile(source):
-            shutil.copy2(source, os.path.join(destination, name))
-
-
 def select_privately(*, gin_files, gin_params, grid, trial_count, workdir, seed=0,
                      generator=None, trainer=None):
     """Runs a private selection and writes `W/selected/` and `W/selection.json`.
@@ -322,7 +307,6 @@ def select_privately(*, gin_files, gin_params, grid, trial_count, workdir, seed=
     if selectable:
         selected = max(selectable, key=lambda t: t.validation_accuracy)  # Ties: the first.
         epsilon, delta, run_epsilon, adjacency = account(trials, trial_count)
-        release(selected, os.path.join(workdir, "selected"))
         public.update(
             epsilon=epsilon, delta=delta, adjacency=adjacency, run_epsilon=run_epsilon,
             setting=dict(selected.setting), released=os.path.join(workdir, "selected"),
@@ -350,6 +334,6 @@ def select_privately(*, gin_files, gin_params, grid, trial_count, workdir, seed=
                                 "validation_accuracy": t.validation_accuracy}
                                for t in trials]), f, indent=2)
     if selectable:
-        with open(os.path.join(workdir, "selected", "selection.json"), "w") as f:
-            json.dump(public, f, indent=2)
+        # Last, whole, with fixed times: nothing in it tells how many trials ran before it.
+        release.write_release(selected.workdir, os.path.join(workdir, "selected"), public)
     return public
