@@ -53,3 +53,23 @@ class DocsTest(tf.test.TestCase):
                 os.environ.pop("HOME")
             else:
                 os.environ["HOME"] = saved_home
+
+
+def test_every_test_the_sharp_edges_table_names_exists():
+    # docs/PRIVACY.md's "Sharp edges" names the test behind each row: each
+    # file must exist and each `file::name` must be a test in that file.
+    root = os.path.join(os.path.dirname(__file__), os.pardir)
+    with open(os.path.join(root, "docs", "PRIVACY.md")) as f:
+        text = f.read()
+    section = text[text.index("## Sharp edges"):]
+    section = section[:section.index("\n## ", 3)]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and "`tests/" in line]
+    assert len(rows) >= 13
+    for row in rows:
+        names = re.findall(r"`(tests/[^`:]+\.py)(?:::(\w+))?`", row)
+        assert names, row
+        for path, test in names:
+            with open(os.path.join(root, path)) as f:
+                source = f.read()
+            if test:
+                assert re.search(rf"def {test}\(", source), f"{path}::{test}"
