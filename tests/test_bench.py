@@ -286,11 +286,19 @@ class BenchCliTest(absltest.TestCase):
         self.assertEqual(error, "[tfdp.bench] bk (XLA on): ERROR boom")
 
     def test_hardened_noise_reaches_the_child_and_its_step(self):
+        import subprocess as subprocess_lib
+        from unittest import mock
+
+        def child_argv(argv):
+            with mock.patch.object(children.subprocess, "run") as run:
+                run.return_value = subprocess_lib.CompletedProcess([], 1, "", "")
+                children.spawn(cli.parse_args(argv), "bk", False, lambda message: None)
+            return run.call_args.args[0]
+
+        self.assertIn("--hardened_noise", child_argv(["--hardened_noise"]))
+        self.assertNotIn("--hardened_noise", child_argv([]))
         args = cli.parse_args(["--hardened_noise", "--model=small_convnet", "--image_size=8",
                                "--channels=1"])
-        self.assertIn("--hardened_noise", children._child_command(args, "bk", False))
-        self.assertNotIn("--hardened_noise",
-                         children._child_command(cli.parse_args([]), "bk", False))
         args.child_method, args.child_jit = "bk", "off"
         _, step = bench_models.build_step(args)
         self.assertTrue(step.aggregator.hardened_noise)
