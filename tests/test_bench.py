@@ -72,6 +72,8 @@ class BenchCliTest(absltest.TestCase):
         self.assertEqual(sorted(bk["amortised_time_ratios"], key=int),
                          [str(k) for k in tables.BATCHES_PER_STEP])
         self.assertIn("noise_draw_s", bk)
+        self.assertGreater(bk["hardened_noise_release_s"], 0.0)
+        self.assertGreater(bk["noise_release_s"], 0.0)
 
     @pytest.mark.slow
     def test_budget_search_on_the_allocator_peak(self):
@@ -282,6 +284,35 @@ class BenchCliTest(absltest.TestCase):
         self.assertIn("1.50x", out.getvalue())
         error = tables.format_row_line({"method": "bk", "jit_compile": True, "error": "boom"})
         self.assertEqual(error, "[tfdp.bench] bk (XLA on): ERROR boom")
+
+    def test_hardened_noise_reaches_the_child_and_its_step(self):
+        import subprocess as subprocess_lib
+        from unittest import mock
+
+        def child_argv(argv):
+            with mock.patch.object(children.subprocess, "run") as run:
+                run.return_value = subprocess_lib.CompletedProcess([], 1, "", "")
+                children.spawn(cli.parse_args(argv), "bk", False, lambda message: None)
+            return run.call_args.args[0]
+
+        self.assertIn("--hardened_noise", child_argv(["--hardened_noise"]))
+        self.assertNotIn("--hardened_noise", child_argv([]))
+        args = cli.parse_args(["--hardened_noise", "--model=small_convnet", "--image_size=8",
+                               "--channels=1"])
+        args.child_method, args.child_jit = "bk", "off"
+        _, step = bench_models.build_step(args)
+        self.assertTrue(step.aggregator.hardened_noise)
+
+    def test_the_noise_line_sets_the_hardened_release_against_a_physical_batch(self):
+        result = {"num_params": 1000, "noise_draw_s": 0.1, "tf_normal_draw_s": 0.08,
+                  "noise_release_s": 0.1, "hardened_noise_release_s": 0.4,
+                  "batch_time_s": 0.15}
+        lines = tables.format_noise_draw([result]).splitlines()
+        self.assertIn("1.25x", lines[0])
+        self.assertEqual(lines[1], (
+            "noise release per logical step (draw, add, divide): 100 ms, hardened 400 ms "
+            "(4.0x): +300 ms per logical step, 2.00x one physical batch (150 ms), 3.1% of a "
+            "logical step of 64"))
 
     def test_rejects_unknown_method(self):
         with self.assertRaises(SystemExit):

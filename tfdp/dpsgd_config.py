@@ -55,6 +55,12 @@ class DPSGDConfig:
             (`banded_mf.normalize_coefficients` scales them). None: the
             banded square root (`banded_mf.square_root_coefficients`).
             Defaults to None.
+        hardened_noise: bool. Draw the noise against floating-point attacks
+            (`tfdp.dp.noise`): float64, the sum of two draws, added to the
+            sum in float64 on a public grid and rounded once. The same
+            std σC, the same ε, at several times the noise draw's time per
+            logical step (docs/PRIVACY.md, "Floating-point noise").
+            Defaults to False.
 
     Example:
 
@@ -74,6 +80,7 @@ class DPSGDConfig:
     max_examples_per_user: object = None
     bands: int = 1
     band_coefficients: object = None
+    hardened_noise: bool = False
 
     def __post_init__(self):
         def set_field(name, value):  # The dataclass is frozen.
@@ -94,6 +101,7 @@ class DPSGDConfig:
         if self.noise_multiplier is not None:
             set_field("noise_multiplier",
                       validation.validate_noise_multiplier(self.noise_multiplier))
+        set_field("hardened_noise", validation.validate_hardened_noise(self.hardened_noise))
         self._check_unit()
         self._check_bands(set_field)
         if self.sampler is not None:

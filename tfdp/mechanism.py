@@ -5,7 +5,8 @@ there, once) bound to what a route knows (the sampler, the planned steps, the
 secret key or the divisor) by `DPSGD.from_config`, the one way tfdp's routes
 make one. Everything the guarantee rests on is derived here:
 - σ, calibrated for the target ε over the planned steps;
-- the noise std σ·C and the divisor (the sampler's expected batch size);
+- the noise std σ·C, whether the noise is hardened, and the divisor (the
+  sampler's expected batch size);
 - the DP event and the privacy ledger;
 - whether a checkpoint may be continued under this contract.
 
@@ -73,6 +74,8 @@ class DPSGD:
             factorization: the coefficients of the strategy, as many as the
             sampler's `bands` (`tfdp.DPSGDConfig`). None: the banded square
             root (at bands=1, DP-SGD). Defaults to None.
+        hardened_noise: bool. Noise hardened against floating-point attacks
+            (`tfdp.DPSGDConfig`). Defaults to False.
     """
 
     def __init__(
@@ -89,6 +92,7 @@ class DPSGD:
         secret_key=None,
         insecure_reproducible_seed=None,
         band_coefficients=None,
+        hardened_noise=False,
     ):
         # The users' constructor: the request part becomes a `DPSGDConfig`
         # (validated there), then it is bound as tfdp's routes bind theirs.
@@ -103,7 +107,7 @@ class DPSGD:
             accountant=accountant, privacy_unit=unit,
             max_examples_per_user=sampler.group_size if unit != "example" else None,
             bands=sampler.bands if sampler is not None else 1,
-            band_coefficients=band_coefficients)
+            band_coefficients=band_coefficients, hardened_noise=hardened_noise)
         self._bind(config, sampler=sampler, steps=steps,
                    expected_batch_size=expected_batch_size,
                    secret_key=secret_key_lib.SecretKey.resolve(
@@ -160,6 +164,7 @@ class DPSGD:
         self.accountant = config.accountant
         self.bands = config.bands
         self.band_coefficients = config.strategy_coefficients
+        self.hardened_noise = config.hardened_noise
         if sampler is not None:
             accounting.check_supported(config.accountant, sampler)
         self.target_epsilon = config.target_epsilon
@@ -310,6 +315,7 @@ class DPSGD:
         return (f"DP-SGD: C={self.l2_norm_clip:g} sigma={self.noise_multiplier:.4f}"
                 f"{' (calibrated)' if self.calibrated else ''} delta={self.delta:g} "
                 f"{f'bands={self.bands} ' if self.bands > 1 else ''}"
+                f"{'hardened_noise ' if self.hardened_noise else ''}"
                 f"accountant={self.accountant} {sampler} "
                 f"key={'secret' if self.secret_key.is_secret else 'INSECURE'}")
 

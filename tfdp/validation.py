@@ -1,4 +1,5 @@
-"""One rule per privacy quantity: C, σ, δ, ε, the divisor, step counts, user ids, labels.
+"""One rule per privacy quantity: C, σ, δ, ε, the divisor, step counts, user ids, labels,
+and the `hardened_noise` switch.
 
 Every route that takes these values (`tfdp.DPSGD`, the privacy ledger and
 accountant, `clipped_grad_sum`, the TF-Privacy compat optimizers, the
@@ -99,6 +100,17 @@ def validate_delta(delta):
     if not is_real(delta) or not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1). Received: delta={delta!r}")
     return float(delta)
+
+
+def validate_hardened_noise(hardened_noise):
+    """`hardened_noise` as a bool: True or False (a NumPy bool too), nothing else.
+
+    A string such as "false" would read as true; it is refused instead.
+    """
+    if not isinstance(hardened_noise, (bool, np.bool_)):
+        raise ValueError(
+            f"hardened_noise must be True or False. Received: hardened_noise={hardened_noise!r}")
+    return bool(hardened_noise)
 
 
 def validate_expected_batch_size(expected_batch_size):

@@ -46,6 +46,8 @@ def _child_command(args, method, jit, batch_size=None, batches=None, paired=Fals
         f"--weight_decay={args.weight_decay}", f"--virtual_steps={args.virtual_steps}",
         f"--child_method={method}", f"--child_jit={'on' if jit else 'off'}",
     ]
+    if args.hardened_noise:
+        command.append("--hardened_noise")
     if paired:
         command.append("--child_paired")
     if batches:

@@ -59,6 +59,11 @@ def parse_args(argv):
         help="Physical batches per logical (noisy) step; times are per physical batch. "
         "The noise, drawn once per logical step, is amortised over them.",
     )
+    parser.add_argument(
+        "--hardened_noise", action="store_true",
+        help="Private steps draw the noise hardened against floating-point attacks "
+        "(DPSGDConfig(hardened_noise=True)). The noise line times both samplers either way.",
+    )
     parser.add_argument("--l2_norm_clip", type=float, default=1.0, help="C.")
     parser.add_argument("--noise_multiplier", type=float, default=1.0, help="σ.")
     parser.add_argument("--weight_decay", type=float, default=0.0,

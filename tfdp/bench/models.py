@@ -2,7 +2,8 @@
 
 `MODELS` names the `tfdp.models` builders the bench can time; `build_step`
 pairs one with the train step of a method: `dp.NonPrivateTrainStep` for
-"nonprivate", else `dp.PrivateTrainStep` with a `DPSGD` mechanism.
+"nonprivate", else `dp.PrivateTrainStep` with a `DPSGD` mechanism (its noise
+hardened with `--hardened_noise`).
 
 Imports no TensorFlow at module level: only the bench's child processes
 build models, and the parent (which spawns them) and `--help` never do.
@@ -57,7 +58,8 @@ def build_step(args):
         )
     else:
         engine = make_engine(
-            DPSGDConfig(args.l2_norm_clip, args.noise_multiplier), sampler=None, key=None,
+            DPSGDConfig(args.l2_norm_clip, args.noise_multiplier,
+                        hardened_noise=args.hardened_noise), sampler=None, key=None,
             expected_batch_size=args.batch_size * args.virtual_steps)
         step = dp.PrivateTrainStep(
             model, optimizer, loss_fn, engine=engine, method=method,

@@ -219,12 +219,16 @@ def run_timing_child(args):
     return 0
 
 
-def _noise_draw_times(variables, stddev, repeats=5):
-    """Median seconds of one logical step's noise: tfdp's sampler against TF's.
+def _noise_draw_times(variables, stddev, repeats=7):
+    """Median seconds of one logical step's noise: tfdp's samplers against TF's.
 
-    TF's `stateless_normal` caps every draw at 5.68σ, which tfdp's sampler
-    does not (docs/PRIVACY.md, "Floating-point noise"); this is what that
-    costs.
+    `noise_draw_s` and `tf_normal_draw_s`: tfdp's draw against TF's
+    `stateless_normal`, which caps every draw at 5.68σ where tfdp's sampler
+    does not (docs/PRIVACY.md, "Floating-point noise"). `noise_release_s`
+    and `hardened_noise_release_s`: the whole release of a logical step
+    (draw, add to the sums, divide; `tfdp.dp.noise.noisy_divided`), plain
+    and hardened. The calls are interleaved, round by round, so that the
+    machine's drift moves them alike.
     """
     # Here, not at the top: keeps TensorFlow out of the parent process and --help.
     import tensorflow as tf
@@ -233,6 +237,7 @@ def _noise_draw_times(variables, stddev, repeats=5):
 
     shapes = [v.shape for v in variables]
     seed = tf.constant([1, 2], tf.int64)
+    sums = [tf.Variable(tf.zeros(s)) for s in shapes]
 
     @tf.function
     def tfdp_draw(seed):
@@ -245,14 +250,21 @@ def _noise_draw_times(variables, stddev, repeats=5):
         return [tf.reduce_sum(tf.random.stateless_normal(s, seeds[i], stddev=stddev))
                 for i, s in enumerate(shapes)]
 
-    out = {}
-    for name, fn in (("noise_draw_s", tfdp_draw), ("tf_normal_draw_s", tf_draw)):
+    def release(hardened_noise):
+        @tf.function
+        def fn(seed):
+            return [tf.reduce_sum(r) for r in noise_lib.noisy_divided(
+                sums, stddev, seed, 256.0, hardened_noise=hardened_noise)]
+        return fn
+
+    fns = {"noise_draw_s": tfdp_draw, "tf_normal_draw_s": tf_draw,
+           "noise_release_s": release(False), "hardened_noise_release_s": release(True)}
+    times = {name: [] for name in fns}
+    for fn in fns.values():
         fn(seed)
-        times = []
-        for i in range(repeats):
+    for i in range(repeats):
+        for name, fn in fns.items():
             t0 = time.perf_counter()
             [t.numpy() for t in fn(seed + i)]
-            times.append(time.perf_counter() - t0)
-        out[name] = float(np.median(times))
-    return out
-
+            times[name].append(time.perf_counter() - t0)
+    return {name: float(np.median(t)) for name, t in times.items()}

@@ -232,15 +232,29 @@ def format_row_line(result, nonprivate=None):
 
 
 def format_noise_draw(results):
-    """One line: tfdp's noise draw per logical step against TF's, or None without one."""
+    """tfdp's noise draw per logical step against TF's, and the hardened release's
+    cost against the plain one's and the physical batch; or None without a draw."""
     draws = [r for r in results if "noise_draw_s" in r]
     if not draws:
         return None
     ours = min(r["noise_draw_s"] for r in draws)
     theirs = min(r["tf_normal_draw_s"] for r in draws)
-    return (
+    line = (
         f"noise draw per logical step ({draws[0]['num_params']:,} normals): "
         f"tfdp {ours * 1e3:.0f} ms (no cap below 9.49 sigma) against "
         f"tf.random.stateless_normal {theirs * 1e3:.0f} ms (capped at 5.68 sigma): "
         f"{ours / theirs:.2f}x"
+    )
+    releases = [r for r in draws if "hardened_noise_release_s" in r]
+    if not releases:
+        return line
+    best = min(releases, key=lambda r: r["hardened_noise_release_s"])
+    plain, hardened = best["noise_release_s"], best["hardened_noise_release_s"]
+    extra = hardened - plain
+    return line + (
+        f"\nnoise release per logical step (draw, add, divide): {plain * 1e3:.0f} ms, "
+        f"hardened {hardened * 1e3:.0f} ms ({hardened / plain:.1f}x): +{extra * 1e3:.0f} ms "
+        f"per logical step, {extra / best['batch_time_s']:.2f}x one physical batch "
+        f"({best['batch_time_s'] * 1e3:.0f} ms), {extra / (64 * best['batch_time_s']):.1%} "
+        "of a logical step of 64"
     )

@@ -21,10 +21,15 @@ noisy prefix sum, drawn from the same key by tree node, with no state; with
 `leaves_per_step=k` a step holds k leaves of the tree (one per accumulated
 batch) and releases the sum of their increments ("tree"). Any registered
 scheme can be named instead (`scheme=`).
+
+With `hardened_noise=True` every scheme draws the hardened noise (float64,
+summed draws) and releases each coordinate on a public grid with one
+rounding (`tfdp.dp.noise`; docs/PRIVACY.md, "Floating-point noise").
 """
 
 import tensorflow as tf
 
+from tfdp import validation
 from tfdp.dp import noise_schemes
 
 
@@ -56,15 +61,19 @@ class NoisyAggregator:
             registered noise scheme's name, built from the options above
             (`NoiseScheme.from_options`), or a scheme. Defaults to `None`:
             chosen from `coefficients` and `tree`.
+        hardened_noise: bool. The hardened noise, against floating-point
+            attacks (`tfdp.dp.noise`), for whichever scheme. A scheme
+            passed as an object carries its own. Defaults to `False`.
 
     Raises:
         ValueError: for a negative std, a divisor not > 0, coefficients
             without c_0 > 0, both a tree and a banded strategy, a bad
-            `leaves_per_step`, or an unknown scheme.
+            `leaves_per_step`, an unknown scheme, or `hardened_noise`
+            that is not a bool.
     """
 
     def __init__(self, *, noise_stddev, expected_batch_size, noise_key, coefficients=(1.0,),
-                 tree=None, leaves_per_step=1, scheme=None):
+                 tree=None, leaves_per_step=1, scheme=None, hardened_noise=False):
         if not noise_stddev >= 0:
             raise ValueError(f"noise_stddev must be >= 0. Received: noise_stddev={noise_stddev}")
         if not expected_batch_size > 0:
@@ -89,18 +98,21 @@ class NoisyAggregator:
                 f"leaves_per_step={leaves_per_step!r}, tree={tree!r}")
         self.tree = tree
         self.leaves_per_step = leaves_per_step
-        self.scheme = self._choose_scheme(scheme)
+        self.scheme = self._choose_scheme(scheme, validation.validate_hardened_noise(
+            hardened_noise))
         # A graph constant, never a variable: nothing that saves the model or
         # the optimizer may hold the key.
         self._noise_key = tf.constant(noise_key, tf.int64)
 
-    def _choose_scheme(self, scheme):
+    def _choose_scheme(self, scheme, hardened_noise):
         """The noise scheme of the constructor's arguments: the one place it is chosen."""
         if isinstance(scheme, noise_schemes.NoiseScheme):
-            if self.coefficients != (1.0,) or self.tree is not None:
+            if (self.coefficients != (1.0,) or self.tree is not None
+                    or (hardened_noise and not scheme.hardened_noise)):
                 raise ValueError(
                     "A scheme passed as an object carries its own options. Received: "
-                    f"scheme={scheme!r}, coefficients={self.coefficients!r}, tree={self.tree!r}")
+                    f"scheme={scheme!r}, coefficients={self.coefficients!r}, tree={self.tree!r}, "
+                    f"hardened_noise={hardened_noise!r}")
             return scheme
         if scheme is None:
             if self.tree is not None:
@@ -111,11 +123,12 @@ class NoisyAggregator:
                 scheme = "gaussian"
         return noise_schemes.scheme_class(scheme).from_options(
             coefficients=self.coefficients, tree=self.tree,
-            leaves_per_step=self.leaves_per_step)
+            leaves_per_step=self.leaves_per_step, hardened_noise=hardened_noise)
 
     @classmethod
     def for_mechanism(cls, mechanism, tree=None, leaves_per_step=1, scheme=None):
-        """The aggregator of a `tfdp.DPSGD` contract: its σ·C, divisor and noise key.
+        """The aggregator of a `tfdp.DPSGD` contract: its σ·C, divisor, noise key,
+        banded strategy and `hardened_noise`.
 
         Args:
             mechanism: `tfdp.DPSGD`.
@@ -135,7 +148,13 @@ class NoisyAggregator:
             tree=tree,
             leaves_per_step=leaves_per_step,
             scheme=scheme,
+            hardened_noise=mechanism.hardened_noise,
         )
+
+    @property
+    def hardened_noise(self):
+        """Whether the noise is hardened against floating-point attacks (the scheme's)."""
+        return self.scheme.hardened_noise
 
     @property
     def bands(self):

@@ -203,6 +203,10 @@ class DPOptimizer(keras.optimizers.Optimizer):
             releases no logical step that would take ε at `delta` above it
             (warned once where it cuts the planned steps). Defaults to
             `None`: no budget (a `tfdp.callbacks.PrivacyBudget` can add one).
+        hardened_noise: bool. Noise hardened against floating-point attacks
+            on the release (docs/PRIVACY.md, "Floating-point noise"): the
+            same std σ·C and ε, drawn in float64 and rounded once. Defaults
+            to `False`.
         num_microbatches: must be `None`: each privacy unit is clipped
             alone; use `gradient_accumulation_steps` for virtual steps.
         name: str or None. Optimizer name.
@@ -229,6 +233,7 @@ class DPOptimizer(keras.optimizers.Optimizer):
         bands=1,
         band_coefficients=None,
         target_epsilon=None,
+        hardened_noise=False,
         num_microbatches=None,
         name=None,
         **kwargs,
@@ -244,7 +249,7 @@ class DPOptimizer(keras.optimizers.Optimizer):
             dataset_size=dataset_size, delta=delta, sampler=sampler, accountant=accountant,
             privacy_unit=privacy_unit, max_examples_per_user=max_examples_per_user,
             gradient_accumulation_steps=k, bands=bands, band_coefficients=band_coefficients,
-            target_epsilon=target_epsilon,
+            target_epsilon=target_epsilon, hardened_noise=hardened_noise,
         )
         super().__init__(learning_rate=0.0, name=name)
         # Plain gradients handed to the wrapped optimizer directly are refused.
@@ -268,6 +273,7 @@ class DPOptimizer(keras.optimizers.Optimizer):
     privacy_unit = _request_property("privacy_unit", '"example" or "user".')
     bands = _request_property("bands", 'b (1: DP-SGD).')
     max_examples_per_user = _request_property("max_examples_per_user", 'k, or None.')
+    hardened_noise = _request_property("hardened_noise", 'Whether the noise is hardened.')
     fit_route = _request_property("fit_route", "The last `fit`'s route, or None.")
 
     @property

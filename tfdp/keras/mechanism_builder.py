@@ -69,13 +69,15 @@ class MechanismBuilder:
         target_epsilon: float or None. A budget with the given σ: `fit`
             releases no step beyond it (`tfdp.keras.fit_ledger.budget_steps`).
             Defaults to None.
+        hardened_noise: bool. Noise hardened against floating-point attacks
+            (`tfdp.DPSGDConfig`). Defaults to False.
     """
 
     def __init__(self, l2_norm_clip=None, noise_multiplier=None, *, mechanism=None,
                  expected_batch_size=None, insecure_reproducible_seed=None, dataset_size=None,
                  delta=None, sampler=None, accountant="rdp", privacy_unit="example",
                  max_examples_per_user=None, gradient_accumulation_steps=1, bands=1,
-                 band_coefficients=None, target_epsilon=None):
+                 band_coefficients=None, target_epsilon=None, hardened_noise=False):
         self.accumulation_steps = gradient_accumulation_steps
         self.fit_route = None
         # The engine of the last route (`route_fit`); None before one.
@@ -100,7 +102,7 @@ class MechanismBuilder:
                              max_examples_per_user=max_examples_per_user,
                              bands=None if bands == 1 else bands,
                              band_coefficients=band_coefficients,
-                             target_epsilon=target_epsilon)
+                             target_epsilon=target_epsilon, hardened_noise=hardened_noise)
             return
         if l2_norm_clip is None or noise_multiplier is None:
             raise ValueError(
@@ -114,7 +116,8 @@ class MechanismBuilder:
             l2_norm_clip, noise_multiplier, delta=delta, accountant=accountant,
             sampler=sampler, privacy_unit=privacy_unit,
             max_examples_per_user=max_examples_per_user, bands=bands,
-            band_coefficients=band_coefficients, target_epsilon=target_epsilon)
+            band_coefficients=band_coefficients, target_epsilon=target_epsilon,
+            hardened_noise=hardened_noise)
         self.expected_batch_size = (None if expected_batch_size is None else
                                     validation.validate_expected_batch_size(expected_batch_size))
         self.dataset_size = None if dataset_size is None else int(dataset_size)
@@ -129,7 +132,7 @@ class MechanismBuilder:
             raise ValueError(
                 f"mechanism must be a tfdp.DPSGD. Received: mechanism={mechanism!r}"
             )
-        defaults = {"accountant": "rdp", "privacy_unit": "example"}
+        defaults = {"accountant": "rdp", "privacy_unit": "example", "hardened_noise": False}
         given = sorted(name for name, value in others.items()
                        if value is not None and value != defaults.get(name, None))
         if given:
@@ -192,6 +195,11 @@ class MechanismBuilder:
     @property
     def max_examples_per_user(self):
         return self.request.max_examples_per_user
+
+    @property
+    def hardened_noise(self):
+        """Whether the noise is hardened against floating-point attacks (the request's)."""
+        return self.request.hardened_noise
 
     @property
     def current(self):
@@ -404,4 +412,5 @@ class MechanismBuilder:
             "band_coefficients": (None if self.request.band_coefficients is None
                                   else [float(c) for c in self.request.band_coefficients]),
             "target_epsilon": self.request.target_epsilon,
+            "hardened_noise": self.hardened_noise,
         }

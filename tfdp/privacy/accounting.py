@@ -28,6 +28,7 @@ from tfdp import samplers
 from tfdp.validation import is_int
 from tfdp.validation import is_real
 from tfdp.validation import validate_delta
+from tfdp.validation import validate_hardened_noise
 from tfdp.validation import validate_noise_multiplier
 from tfdp.validation import validate_steps
 
@@ -200,27 +201,36 @@ def check_delta_against_dataset(delta, dataset_size, stacklevel=3):
 # R never exceeds sqrt(130 ln 2) ≈ 9.49, and P(R > 9.49) = 2^-65 for an exact
 # Gaussian. That tail is all the truncation there is.
 NOISE_TAIL_MASS_PER_PAIR = 2.0**-65
+# The hardened sampler sums two draws per coordinate, each pair of them from
+# a 96-bit u1 never below 2^-97 (radius at most sqrt(194 ln 2) ≈ 11.6): two
+# tails of 2^-97 per pair of coordinates.
+HARDENED_NOISE_TAIL_MASS_PER_PAIR = 2 * 2.0**-97
 
 
-def noise_truncation_delta(steps, num_parameters):
+def noise_truncation_delta(steps, num_parameters, hardened_noise=False):
     """δ added by the noise sampler's largest attainable draw (9.49σ).
 
     The run's noise differs from exact Gaussian noise only where an exact
     pair's radius would exceed the cap, so the two differ in total variation
     by at most ⌈d/2⌉·2⁻⁶⁵ per step, and T·⌈d/2⌉·2⁻⁶⁵ over the run. An
     (ε, δ)-DP guarantee of the exact mechanism is then an (ε, δ + that)
-    guarantee of the run (docs/PRIVACY.md, "Floating-point noise").
+    guarantee of the run (docs/PRIVACY.md, "Floating-point noise"). With
+    hardened noise, 2·2⁻⁹⁷ per pair instead.
 
     Args:
         steps: int. Noisy steps T.
         num_parameters: int. Noised coordinates per step d.
+        hardened_noise: bool. The hardened sampler's bound. Defaults to
+            False.
 
     Returns:
         The added δ, a float.
     """
     steps = validate_steps(steps)
     num_parameters = validate_steps(num_parameters, name="num_parameters")
-    return steps * math.ceil(num_parameters / 2) * NOISE_TAIL_MASS_PER_PAIR
+    mass = (HARDENED_NOISE_TAIL_MASS_PER_PAIR if validate_hardened_noise(hardened_noise)
+            else NOISE_TAIL_MASS_PER_PAIR)
+    return steps * math.ceil(num_parameters / 2) * mass
 
 
 def steps_for_epochs(epochs, dataset_size, batch_size):

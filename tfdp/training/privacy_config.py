@@ -92,6 +92,11 @@ class PrivacyConfig:
             planned steps)` (lower noise for the planned steps); or b
             numbers with c_0 > 0 and Euclidean norm <= 1. Ignored at b = 1.
             Defaults to "sqrt".
+        hardened_noise: bool. Noise hardened against floating-point attacks
+            on the release (`tfdp.DPSGDConfig`; docs/PRIVACY.md,
+            "Floating-point noise"): the same std σ·C and ε, drawn in float64
+            and rounded once, at several times the noise draw's cost per
+            logical step. Defaults to False.
         insecure_reproducible_seed: int or None. INSECURE, for tests and
             reproducible research: derive the noise and the sampling from
             this public seed instead of a secret key from the OS's entropy.
@@ -112,6 +117,7 @@ class PrivacyConfig:
     clipping_memory_budget_mb: object = None
     bands: int = 1
     band_coefficients: object = "sqrt"
+    hardened_noise: bool = False
     insecure_reproducible_seed: object = None
     # The privacy request of a private run (None when non-private), made
     # and validated with this config.
@@ -123,12 +129,13 @@ class PrivacyConfig:
         object.__setattr__(self, "bands", banded_mf.validate_bands(self.bands))
         if not self.private:
             if (self.privacy_unit != "example" or self.max_examples_per_user is not None
-                    or self.bands != 1):
+                    or self.bands != 1 or self.hardened_noise is not False):
                 raise ValueError(
-                    "privacy_unit, max_examples_per_user and bands are for private training. "
-                    f"Received: private=False, privacy_unit={self.privacy_unit!r}, "
-                    f"max_examples_per_user={self.max_examples_per_user!r}, "
-                    f"bands={self.bands!r}")
+                    "privacy_unit, max_examples_per_user, bands and hardened_noise are for "
+                    f"private training. Received: private=False, privacy_unit="
+                    f"{self.privacy_unit!r}, max_examples_per_user="
+                    f"{self.max_examples_per_user!r}, bands={self.bands!r}, "
+                    f"hardened_noise={self.hardened_noise!r}")
             return
         banded = self.bands > 1
         # The sampler has a form for the unit and the bands (one mapping of names).
@@ -138,7 +145,7 @@ class PrivacyConfig:
             self.l2_norm_clip, self.noise_multiplier, target_epsilon=self.target_epsilon,
             delta=self.delta, accountant=self.accountant, privacy_unit=self.privacy_unit,
             max_examples_per_user=self.max_examples_per_user, bands=self.bands,
-            band_coefficients=given if banded else None)
+            band_coefficients=given if banded else None, hardened_noise=self.hardened_noise)
         object.__setattr__(self, "dpsgd_config", request)  # The dataclass is frozen.
 
     @property

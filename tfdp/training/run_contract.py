@@ -308,6 +308,11 @@ def log_run_contract(model, contract, batching, *, dataset, clipping_plan, out_d
             f"{mechanism.bands} groups of the {sampler.privacy_unit}s, each step samples one at "
             f"q={sampler.group_sampling_rate:.5f} within the group; epsilon counts "
             f"{sampler.unit_count(contract.total_steps)} rounds of {contract.total_steps} steps")
+    if mechanism.hardened_noise:
+        reporting.log(
+            "noise: hardened against floating-point attacks (float64, a sum of independent "
+            "draws, added on a public grid and rounded once); the same std sigma*C and "
+            'epsilon (docs/PRIVACY.md, "Floating-point noise")')
     privacy_unit_lib.log_privacy_unit(mechanism, contract.total_steps)
     privacy_unit_lib.log_kept_copies(mechanism, contract.total_steps, duplicates_kept)
     weak = samplers.weak_amplification_warning(

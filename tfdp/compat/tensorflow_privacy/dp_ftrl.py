@@ -78,13 +78,15 @@ class DPFTRLTreeAggregationOptimizer(dp_keras_optimizer.DPKerasOptimizer):
         noise_seed: int or None. INSECURE: a public seed of the run's key,
             as `tfdp.DPOptimizer(insecure_reproducible_seed=...)` (it
             warns). Defaults to `None`: a fresh secret key.
+        hardened_noise: bool. Tree nodes hardened against floating-point
+            attacks (`tfdp.DPOptimizer`'s). Defaults to `False`.
         *args, **kwargs: `keras.optimizers.SGD`'s.
     """
 
     def __init__(self, l2_norm_clip, noise_multiplier, var_list_or_model=None,
                  num_microbatches=None, gradient_accumulation_steps=1, restart_period=None,
                  restart_warmup=None, noise_seed=None, *args,
-                 unconnected_gradients_to_zero=False, **kwargs):
+                 unconnected_gradients_to_zero=False, hardened_noise=False, **kwargs):
         restarts = tree_aggregation.TreeRestarts(restart_period, restart_warmup)
         if gradient_accumulation_steps is None:  # SGD's own config key.
             gradient_accumulation_steps = 1
@@ -93,7 +95,7 @@ class DPFTRLTreeAggregationOptimizer(dp_keras_optimizer.DPKerasOptimizer):
             num_microbatches=num_microbatches,
             gradient_accumulation_steps=gradient_accumulation_steps,
             unconnected_gradients_to_zero=unconnected_gradients_to_zero,
-            name=kwargs.get("name"))
+            name=kwargs.get("name"), hardened_noise=hardened_noise)
         self.restarts = restarts
         self.var_list_or_model = var_list_or_model
         self.noise_seed = noise_seed

@@ -52,6 +52,9 @@ class DPModel(NativeDPModel):
             itself.
         model: `keras.Model` or None. An existing model to wrap instead of
             building one from `*args` / `**kwargs`. Defaults to `None`.
+        hardened_noise: bool. tfdp's noise hardened against floating-point
+            attacks (`tfdp.DPOptimizer`'s; TF-Privacy has none). Defaults to
+            `False`.
         *args: passed to `keras.Model` (e.g. `inputs`, `outputs`).
         **kwargs: passed to `keras.Model`.
     """
@@ -67,6 +70,7 @@ class DPModel(NativeDPModel):
         layer_registry=None,
         *args,
         model=None,
+        hardened_noise=False,
         **kwargs,
     ):
         native_route.log_native_route_once()
@@ -92,7 +96,8 @@ class DPModel(NativeDPModel):
         # C and σ live in this request alone (validated there), until
         # `compile` hands them to the optimizer it wraps.
         self.privacy_request = validate_arguments(l2_norm_clip, noise_multiplier,
-                                                  num_microbatches)
+                                                  num_microbatches,
+                                                  hardened_noise=hardened_noise)
         super().__init__(model)
         self._num_microbatches = num_microbatches
         self._use_xla = bool(use_xla)
@@ -106,6 +111,11 @@ class DPModel(NativeDPModel):
     def noise_multiplier(self):
         """σ of each step, as TF-Privacy's (the request's)."""
         return self.privacy_request.noise_multiplier
+
+    @property
+    def hardened_noise(self):
+        """Whether the noise is hardened against floating-point attacks (the request's)."""
+        return self.privacy_request.hardened_noise
 
     def compile(self, optimizer="rmsprop", loss=None, **kwargs):
         """Compiles with a plain optimizer, wrapped with this model's DP settings.
@@ -135,6 +145,7 @@ class DPModel(NativeDPModel):
                 self.l2_norm_clip,
                 self.noise_multiplier,
                 num_microbatches=self._num_microbatches,
+                hardened_noise=self.hardened_noise,
             )
         super().compile(optimizer=wrapped, loss=loss, **kwargs)
 
@@ -166,6 +177,7 @@ class DPModel(NativeDPModel):
             and optimizer.tf_privacy_noise_multiplier == self.noise_multiplier
             and optimizer.num_microbatches == self._num_microbatches
             and optimizer.accumulation_steps == 1
+            and optimizer.hardened_noise == self.hardened_noise
         )
 
     def get_config(self):
@@ -177,6 +189,7 @@ class DPModel(NativeDPModel):
             noise_multiplier=self.noise_multiplier,
             num_microbatches=self._num_microbatches,
             use_xla=self._use_xla,
+            hardened_noise=self.hardened_noise,
         )
         return config
 
@@ -210,6 +223,7 @@ class DPSequential(DPModel):
         layer_registry: ignored. See `DPModel`.
         *args: passed to `keras.Sequential` (`layers`, `name`).
         model: `keras.Sequential` or None. See `DPModel`.
+        hardened_noise: bool. See `DPModel`.
         **kwargs: passed to `keras.Sequential`.
     """
 

@@ -57,18 +57,21 @@ PlainGradientsError = dp_optimizer.PlainGradientsError
 
 
 def validate_arguments(l2_norm_clip, noise_multiplier, num_microbatches=None,
-                       gradient_accumulation_steps=1):
+                       gradient_accumulation_steps=1, hardened_noise=False):
     """TF-Privacy's arguments as a privacy request, or a ValueError naming the first invalid one.
 
-    C and σ are validated by `tfdp.DPSGDConfig`, as on every route.
+    C, σ and `hardened_noise` are validated by `tfdp.DPSGDConfig`, as on
+    every route.
 
     Returns:
-        A `tfdp.DPSGDConfig` of C and σ (TF-Privacy's, of each step).
+        A `tfdp.DPSGDConfig` of C, σ (TF-Privacy's, of each step) and
+        `hardened_noise`.
     """
     if noise_multiplier is None:
         # TF-Privacy has no target ε to calibrate σ from: σ is required.
         validation.validate_noise_multiplier(noise_multiplier)
-    request = dpsgd_config.DPSGDConfig(l2_norm_clip, noise_multiplier)
+    request = dpsgd_config.DPSGDConfig(l2_norm_clip, noise_multiplier,
+                                       hardened_noise=hardened_noise)
     if num_microbatches is not None and (
         isinstance(num_microbatches, bool)
         or not isinstance(num_microbatches, int)
@@ -139,6 +142,9 @@ class DPKerasOptimizer(DPOptimizer):
             loss does not reach get zero gradients instead of an error.
             Defaults to `False`.
         name: str or None. Optimizer name.
+        hardened_noise: bool. tfdp's noise hardened against floating-point
+            attacks (`tfdp.DPOptimizer`'s; TF-Privacy has none). Defaults to
+            `False`.
     """
 
     def __init__(
@@ -150,10 +156,13 @@ class DPKerasOptimizer(DPOptimizer):
         gradient_accumulation_steps=1,
         unconnected_gradients_to_zero=False,
         name=None,
+        *,
+        hardened_noise=False,
     ):
         native_route.log_native_route_once()
         validate_arguments(
-            l2_norm_clip, noise_multiplier, num_microbatches, gradient_accumulation_steps
+            l2_norm_clip, noise_multiplier, num_microbatches, gradient_accumulation_steps,
+            hardened_noise,
         )
         k = gradient_accumulation_steps
         # TF-Privacy's batches are Keras' fixed-size shuffled ones: the
@@ -164,6 +173,7 @@ class DPKerasOptimizer(DPOptimizer):
             float(noise_multiplier) * self.accumulation_noise_scale(k),
             gradient_accumulation_steps=k,
             sampler="shuffle",
+            hardened_noise=hardened_noise,
             name=name,
         )
         # TF-Privacy divides by the number of microbatches, not examples.
@@ -464,6 +474,7 @@ class DPKerasOptimizer(DPOptimizer):
             "num_microbatches": self.num_microbatches,
             "gradient_accumulation_steps": self.accumulation_steps,
             "unconnected_gradients_to_zero": self.unconnected_gradients_to_zero,
+            "hardened_noise": self.hardened_noise,
         }
 
     @classmethod
@@ -489,6 +500,7 @@ def flat_config(optimizer, **extra):
         num_microbatches=optimizer.num_microbatches,
         gradient_accumulation_steps=optimizer.accumulation_steps,
         unconnected_gradients_to_zero=optimizer.unconnected_gradients_to_zero,
+        hardened_noise=optimizer.hardened_noise,
         **extra,
     )
     return config
@@ -508,8 +520,8 @@ def make_keras_optimizer_class(cls):
     """Returns TF-Privacy's `DPKeras<cls>` for a Keras optimizer class.
 
     The class takes `(l2_norm_clip, noise_multiplier, num_microbatches=None,
-    gradient_accumulation_steps=1, *args, **kwargs)`; `args` and `kwargs` go
-    to `cls`.
+    gradient_accumulation_steps=1, *args, unconnected_gradients_to_zero=False,
+    hardened_noise=False, **kwargs)`; `args` and `kwargs` go to `cls`.
 
     Args:
         cls: a `keras.optimizers.Optimizer` subclass.
@@ -530,6 +542,7 @@ def make_keras_optimizer_class(cls):
         gradient_accumulation_steps=1,
         *args,
         unconnected_gradients_to_zero=False,
+        hardened_noise=False,
         **kwargs,
     ):
         DPKerasOptimizer.__init__(
@@ -541,6 +554,7 @@ def make_keras_optimizer_class(cls):
             gradient_accumulation_steps=gradient_accumulation_steps,
             unconnected_gradients_to_zero=unconnected_gradients_to_zero,
             name=kwargs.get("name"),
+            hardened_noise=hardened_noise,
         )
 
     def get_config(self):
@@ -555,9 +569,10 @@ def make_keras_optimizer_class(cls):
         f"TF-Privacy's `{name}`: `keras.optimizers.{cls.__name__}` with DP-SGD.\n\n"
         f"`{name}(l2_norm_clip, noise_multiplier, num_microbatches=None,\n"
         "gradient_accumulation_steps=1, unconnected_gradients_to_zero=False,\n"
-        "**optimizer_kwargs)`. Compile it into `tfdp.make_private(model)` and\n"
-        "call `fit`, or call `minimize(loss, var_list, tape=tape)` in a custom\n"
-        "loop. See `DPKerasOptimizer` for the semantics.\n"
+        "hardened_noise=False, **optimizer_kwargs)`. Compile it into\n"
+        "`tfdp.make_private(model)` and call `fit`, or call\n"
+        "`minimize(loss, var_list, tape=tape)` in a custom loop. See\n"
+        "`DPKerasOptimizer` for the semantics.\n"
     )
     klass = type(
         name,

@@ -32,16 +32,21 @@ class BandedNoise(base.NoiseScheme):
     whose units' steps are at least b apart (`tfdp.samplers.BandGroups`;
     `tfdp.privacy.banded_mf.amplified_dp_event` is its formula).
 
+    With hardened noise the recursion runs in float64 on the hardened draws
+    (the state keeps float32 w's), and the release rounds once.
+
     Args:
         coefficients: sequence of floats. c_0 … c_{b-1}, already checked by
             `tfdp.DPSGDConfig` (c_0 > 0, norm <= 1).
+        hardened_noise: bool. As `NoiseScheme`'s. Defaults to `False`.
     """
 
     name = "banded"
     checkpoint_state = True
     event_function = staticmethod(banded_mf.amplified_dp_event)
 
-    def __init__(self, coefficients):
+    def __init__(self, coefficients, *, hardened_noise=False):
+        super().__init__(hardened_noise=hardened_noise)
         self.coefficients = tuple(float(c) for c in coefficients)
         if not self.coefficients or not self.coefficients[0] > 0:
             raise ValueError(
@@ -49,7 +54,8 @@ class BandedNoise(base.NoiseScheme):
                 f"Received: coefficients={coefficients!r}")
 
     @classmethod
-    def from_options(cls, *, coefficients=(1.0,), tree=None, leaves_per_step=1):
+    def from_options(cls, *, coefficients=(1.0,), tree=None, leaves_per_step=1,
+                     hardened_noise=False):
         """The scheme of `coefficients` (see `NoiseScheme.from_options`).
 
         Raises:
@@ -61,7 +67,7 @@ class BandedNoise(base.NoiseScheme):
                 "Tree aggregation and a banded strategy are two ways to correlate the "
                 f"noise; choose one. Received: tree={tree!r}, coefficients={coefficients!r}, "
                 f"leaves_per_step={leaves_per_step!r}")
-        return cls(coefficients)
+        return cls(coefficients, hardened_noise=hardened_noise)
 
     @property
     def bands(self):
@@ -88,16 +94,20 @@ class BandedNoise(base.NoiseScheme):
         # Slot s holds w_(t-j) with j = ((t - s - 1) mod (b - 1)) + 1; weight c_j.
         lags = tf.math.floormod(step - 1 - tf.range(slots, dtype=tf.int64), slots) + 1
         tail = self.coefficients[1:] or (0.0,)
-        draws = noise_lib.gaussian_noise(like, stddev, noise_lib.step_seed(noise_key, step))
+        draws = noise_lib.gaussian_noise(like, stddev, noise_lib.step_seed(noise_key, step),
+                                         self.hardened_noise)
         slot = tf.math.floormod(step, slots)
         noises = []
         for draw, variable in zip(draws, state):
-            lag_weights = tf.gather(tf.constant(tail, variable.dtype), lags - 1)
+            # The recursion's dtype: the state's, or the hardened draw's float64.
+            dtype = draw.dtype if self.hardened_noise else variable.dtype
+            lag_weights = tf.gather(tf.constant(tail, dtype), lags - 1)
             previous = tf.convert_to_tensor(variable)
-            history = tf.tensordot(lag_weights, previous, axes=1)
-            noise = (tf.cast(draw, variable.dtype) - history) / self.coefficients[0]
+            history = tf.tensordot(lag_weights, tf.cast(previous, dtype), axes=1)
+            noise = (tf.cast(draw, dtype) - history) / self.coefficients[0]
             # A whole assign: per-replica (ON_READ) variables take no scatter.
-            variable.assign(tf.tensor_scatter_nd_update(previous, slot[None, None], noise[None]))
+            variable.assign(tf.tensor_scatter_nd_update(
+                previous, slot[None, None], tf.cast(noise, variable.dtype)[None]))
             noises.append(noise)
         return noises
 
@@ -116,4 +126,5 @@ class BandedNoise(base.NoiseScheme):
         return sampler.dp_event(noise_multiplier, steps)
 
     def __repr__(self):
-        return f"BandedNoise(coefficients={self.coefficients!r})"
+        hardened = ", hardened_noise=True" if self.hardened_noise else ""
+        return f"BandedNoise(coefficients={self.coefficients!r}{hardened})"

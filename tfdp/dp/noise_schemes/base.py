@@ -22,6 +22,9 @@ import abc
 
 import tensorflow as tf
 
+from tfdp import validation
+from tfdp.dp import noise as noise_lib
+
 _REGISTRY = {}
 
 
@@ -74,7 +77,15 @@ class NoiseScheme(abc.ABC):
     """One way of noising a logical step's summed clipped gradients.
 
     Subclasses set `name`, implement `noise` and, where they keep a state or
-    take options, override `state_shape` and `from_options`.
+    take options, override `state_shape` and `from_options`. A subclass
+    draws its noise with `tfdp.dp.noise`'s functions, passing them
+    `hardened_noise`, and combines the draws in their dtype (float64 when
+    hardened), so that `noisy_mean` rounds once.
+
+    Args:
+        hardened_noise: bool. Draw and release the hardened noise
+            (`tfdp.dp.noise`, docs/PRIVACY.md "Floating-point noise").
+            Defaults to `False`.
     """
 
     name = None
@@ -88,12 +99,17 @@ class NoiseScheme(abc.ABC):
     # accounts the scheme, or None where the sampler's own event does.
     event_function = None
 
+    def __init__(self, *, hardened_noise=False):
+        self.hardened_noise = validation.validate_hardened_noise(hardened_noise)
+
     @classmethod
-    def from_options(cls, *, coefficients=(1.0,), tree=None, leaves_per_step=1):
+    def from_options(cls, *, coefficients=(1.0,), tree=None, leaves_per_step=1,
+                     hardened_noise=False):
         """The scheme for `NoisyAggregator`'s noise options.
 
         A scheme that takes none of them (the default) refuses any that is
-        not its default, rather than ignore it.
+        not its default, rather than ignore it. Every scheme takes
+        `hardened_noise`.
 
         Args:
             coefficients: tuple of floats. A banded strategy's c_0 … c_{b-1}.
@@ -101,6 +117,7 @@ class NoiseScheme(abc.ABC):
             tree: `tfdp.privacy.tree_aggregation.TreeRestarts` or None.
                 Defaults to `None`.
             leaves_per_step: int. Tree leaves per step. Defaults to `1`.
+            hardened_noise: bool. As the constructor's. Defaults to `False`.
 
         Returns:
             A `NoiseScheme`.
@@ -113,7 +130,7 @@ class NoiseScheme(abc.ABC):
                 f"The {cls.name!r} noise scheme takes no coefficients, tree or "
                 f"leaves_per_step. Received: coefficients={coefficients!r}, tree={tree!r}, "
                 f"leaves_per_step={leaves_per_step!r}")
-        return cls()
+        return cls(hardened_noise=hardened_noise)
 
     @property
     def has_state(self):
@@ -163,11 +180,15 @@ class NoiseScheme(abc.ABC):
                 here. Defaults to `None`.
 
         Returns:
-            A list of tensors, one per tensor of `like`.
+            A list of tensors, one per tensor of `like`: float64 with
+            `hardened_noise`, else in the dtypes of `like`.
         """
 
     def noisy_mean(self, sums, *, stddev, noise_key, step, divisor, state=None):
-        """`(sums + noise) / divisor`, tensor by tensor.
+        """`(sums + noise) / divisor`, tensor by tensor (`tfdp.dp.noise.release`).
+
+        With `hardened_noise`, added in float64 on the hardened grid and
+        rounded once to the sums' dtypes.
 
         Args:
             sums: list of float tensors. The step's summed clipped gradients.
@@ -178,7 +199,7 @@ class NoiseScheme(abc.ABC):
             A list of tensors like `sums`.
         """
         noise = self.noise(sums, stddev=stddev, noise_key=noise_key, step=step, state=state)
-        return [(s + tf.cast(n, s.dtype)) / divisor for s, n in zip(sums, noise)]
+        return noise_lib.release(sums, noise, stddev, divisor, self.hardened_noise)
 
     def dp_event(self, sampler, noise_multiplier, steps):
         """The `DpEvent` of `steps` logical steps drawn by `sampler`.
@@ -197,4 +218,4 @@ class NoiseScheme(abc.ABC):
         return sampler.dp_event(noise_multiplier, steps)
 
     def __repr__(self):
-        return f"{type(self).__name__}()"
+        return f"{type(self).__name__}({'hardened_noise=True' if self.hardened_noise else ''})"

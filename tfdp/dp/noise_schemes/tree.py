@@ -58,7 +58,7 @@ def node_seed(noise_key, tree, level, end):
     return key
 
 
-def residual_noise(like, stddev, noise_key, step, restarts):
+def residual_noise(like, stddev, noise_key, step, restarts, hardened_noise=False):
     """The tree noise released at `step`: `cum(n) − cum(n − 1)` (module docstring).
 
     Args:
@@ -67,20 +67,23 @@ def residual_noise(like, stddev, noise_key, step, restarts):
         noise_key: int64 `[2]`. The run's secret noise sub-key.
         step: int scalar (tensor). The 0-based logical step.
         restarts: `tfdp.privacy.tree_aggregation.TreeRestarts`.
+        hardened_noise: bool. Hardened node draws, combined in float64.
+            Defaults to `False`.
 
     Returns:
-        A list of tensors like `like`.
+        A list of tensors like `like` (float64 with `hardened_noise`).
     """
     tree, leaf = tree_and_leaf(step, restarts)
     count = leaf + 1
     lowest = tf.bitwise.bitwise_and(count, -count)  # 2^k
-    top = noise_lib.gaussian_noise(like, stddev, node_seed(noise_key, tree, lowest, count))
+    top = noise_lib.gaussian_noise(like, stddev, node_seed(noise_key, tree, lowest, count),
+                                   hardened_noise)
 
     def body(span, noise):
         # The block of length `span` = 2^l ending at n − 2^l; its seed's level
         # word is the span, as the top node's.
         draws = noise_lib.gaussian_noise(
-            like, stddev, node_seed(noise_key, tree, span, count - span))
+            like, stddev, node_seed(noise_key, tree, span, count - span), hardened_noise)
         return span * 2, [n - tf.cast(d, n.dtype) for n, d in zip(noise, draws)]
 
     _, noise = tf.while_loop(
@@ -88,7 +91,8 @@ def residual_noise(like, stddev, noise_key, step, restarts):
     return noise
 
 
-def step_noise(like, stddev, noise_key, step, restarts, leaves_per_step=1):
+def step_noise(like, stddev, noise_key, step, restarts, leaves_per_step=1,
+               hardened_noise=False):
     """The tree noise of a step of `leaves_per_step` leaves: Σ of their `residual_noise`.
 
     Leaf `step · leaves_per_step + j`, j < `leaves_per_step`, is the j-th
@@ -103,20 +107,22 @@ def step_noise(like, stddev, noise_key, step, restarts, leaves_per_step=1):
         step: int scalar (tensor). The 0-based logical step.
         restarts: `tfdp.privacy.tree_aggregation.TreeRestarts`, in leaves.
         leaves_per_step: int. k >= 1. Defaults to `1`.
+        hardened_noise: bool. As `residual_noise`'s. Defaults to `False`.
 
     Returns:
-        A list of tensors like `like`.
+        A list of tensors like `like` (float64 with `hardened_noise`).
     """
     k = int(leaves_per_step)
     first = tf.cast(step, tf.int64) * k
     if k == 1:
-        return residual_noise(like, stddev, noise_key, first, restarts)
+        return residual_noise(like, stddev, noise_key, first, restarts, hardened_noise)
 
     def body(j, total):
-        noise = residual_noise(like, stddev, noise_key, first + j, restarts)
+        noise = residual_noise(like, stddev, noise_key, first + j, restarts, hardened_noise)
         return j + 1, [t + tf.cast(n, t.dtype) for t, n in zip(total, noise)]
 
-    zeros = [tf.zeros_like(x) for x in like]
+    zeros = [tf.zeros(x.shape, tf.float64) if hardened_noise else tf.zeros_like(x)
+             for x in like]
     _, noise = tf.while_loop(lambda j, total: j < k, body, (tf.constant(0, tf.int64), zeros))
     return noise
 
@@ -133,17 +139,22 @@ class TreeNoise(base.NoiseScheme):
         restarts: `tfdp.privacy.tree_aggregation.TreeRestarts`, in leaves.
         leaves_per_step: int. k >= 1: the tree leaves of one logical step
             (its accumulated batches). Defaults to `1`.
+        hardened_noise: bool. As `NoiseScheme`'s: hardened node draws,
+            combined in float64, released with one rounding. Defaults to
+            `False`.
     """
 
     name = "tree"
     event_function = staticmethod(tree_aggregation.tree_dp_event)
 
-    def __init__(self, restarts, leaves_per_step=1):
+    def __init__(self, restarts, leaves_per_step=1, *, hardened_noise=False):
+        super().__init__(hardened_noise=hardened_noise)
         self.restarts = restarts
         self.leaves_per_step = tree_aggregation.validate_leaves_per_step(leaves_per_step)
 
     @classmethod
-    def from_options(cls, *, coefficients=(1.0,), tree=None, leaves_per_step=1):
+    def from_options(cls, *, coefficients=(1.0,), tree=None, leaves_per_step=1,
+                     hardened_noise=False):
         """The scheme of `tree` and `leaves_per_step` (see `NoiseScheme.from_options`).
 
         Raises:
@@ -154,12 +165,13 @@ class TreeNoise(base.NoiseScheme):
                 "Tree aggregation needs its restarts (`tree=`), and no banded strategy: "
                 "they are two ways to correlate the noise; choose one. Received: "
                 f"tree={tree!r}, coefficients={coefficients!r}")
-        return cls(tree, leaves_per_step)
+        return cls(tree, leaves_per_step, hardened_noise=hardened_noise)
 
     def noise(self, like, *, stddev, noise_key, step, state=None):
         """`step_noise` of the step (see `NoiseScheme.noise`); `state` is unused."""
         del state  # No state: every node is drawn from the key.
-        return step_noise(like, stddev, noise_key, step, self.restarts, self.leaves_per_step)
+        return step_noise(like, stddev, noise_key, step, self.restarts, self.leaves_per_step,
+                          self.hardened_noise)
 
     def dp_event(self, sampler, noise_multiplier, steps):
         """`tree_dp_event` of `steps` steps of k leaves over `sampler`'s N // B batches.
@@ -173,5 +185,6 @@ class TreeNoise(base.NoiseScheme):
             noise_multiplier, int(steps) * k, steps_per_epoch * k, self.restarts)
 
     def __repr__(self):
+        hardened = ", hardened_noise=True" if self.hardened_noise else ""
         return (f"TreeNoise(restarts={self.restarts!r}, "
-                f"leaves_per_step={self.leaves_per_step!r})")
+                f"leaves_per_step={self.leaves_per_step!r}{hardened})")
