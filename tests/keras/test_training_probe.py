@@ -2,8 +2,10 @@
 
 At the fit batch size, with the compiled loss: a layer that mixes examples
 only from 4 rows on, one that adds any row into another (also across users
-at user level), one that writes non-trainable state from the batch, and a
-loss that is not per-example, are refused, and the weights stay as they were.
+at user level), one that mixes only for some input values or on half of its
+random draws, one that writes non-trainable state from the batch, and a
+loss that is not per-example, are refused, and the weights stay as they were;
+per-example random noise trains.
 """
 
 import keras
@@ -11,10 +13,15 @@ import tensorflow as tf
 
 import tfdp
 from tests.dp.test_training_probe import AddsRowInto
+from tests.dp.test_training_probe import AddsRowWhenBright
+from tests.dp.test_training_probe import CentresNonNegative
+from tests.dp.test_training_probe import GeneratorNoise
+from tests.dp.test_training_probe import MixesOnHalfTheDraws
 from tests.dp.test_training_probe import RunningMean
 from tests.dp.test_training_probe import StatsAfterOutput
 from tests.dp.test_training_probe import batch_mean_xent
 from tests.dp.test_training_probe import dense_model
+from tests.dp.test_training_probe import input_model
 from tests.dp.test_training_probe import mixing_model
 from tests.dp.test_training_probe import plain_model
 from tests.keras import keras_test_case as ktc
@@ -62,6 +69,27 @@ class KerasTrainingProbeTest(ktc.KerasTestCase):
         for source in ("middle", None):
             self._refused(_private(dense_model(AddsRowInto(0, source, name="adds_row")),
                                    ktc.xent()), "Layer 'adds_row' mixes examples", _data())
+
+    def test_mixing_only_for_some_input_values_refused(self):
+        # The data is standard normal: neither layer would fire in this
+        # training, and both are refused, on arrays and on a stream.
+        x, y = _data()
+        for layer in (CentresNonNegative(name="centres_non_negative"),
+                      AddsRowWhenBright(name="adds_row_when_bright")):
+            with self.subTest(layer=layer.name):
+                self._refused(_private(input_model(layer), ktc.xent()),
+                              f"Layer '{layer.name}' mixes examples", (x, y))
+        stream = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+        self._refused(_private(input_model(CentresNonNegative(name="centres")), ktc.xent()),
+                      "Layer 'centres' mixes examples", stream)
+
+    def test_random_mixing_refused_and_random_per_example_noise_trains(self):
+        self._refused(_private(dense_model(MixesOnHalfTheDraws(1, name="half_the_draws")),
+                               ktc.xent()), "Layer 'half_the_draws' mixes examples", _data())
+        dp = _private(dense_model(GeneratorNoise(name="noise")), ktc.xent())
+        x, y = _data()
+        dp.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        self.assertGreater(int(dp.optimizer.iterations), 0)
 
     def test_a_row_of_another_user_refused_at_user_level(self):
         x, y = _data()
