@@ -78,3 +78,20 @@ def test_dp_sequential_mixing_only_for_some_input_values(layer):
                 keras.layers.Dense(3)])
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss=_xent())
     _fit_refused(model, "Layer 'value_mixing' mixes examples")
+
+
+class _MixUpSequential(tensorflow_privacy.DPSequential):
+    """TF-Privacy's DPSequential with MixUp across the batch in its train_step."""
+
+    def train_step(self, data):
+        x = data[0]
+        weight = tf.random.uniform([])
+        x = weight * x + (1.0 - weight) * tf.reverse(x, axis=[0])
+        return super().train_step((x,) + tuple(data[1:]))
+
+
+def test_dp_sequential_whose_train_step_mixes_the_batch():
+    model = _MixUpSequential(l2_norm_clip=1.0, noise_multiplier=0.0, layers=_layers(False))
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=_xent())
+    _fit_refused(model, "_MixUpSequential.train_step mixes examples")
+    assert int(model.optimizer.iterations) == 0

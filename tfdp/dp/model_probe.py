@@ -35,7 +35,8 @@ mix examples only in batches of some size, e.g. from 4 rows on):
 - Randomness held fixed. Before each pass the model's random state is
   restored (`RandomState`: its non-trainable variables, which hold the
   Keras seed generators' states, every `tf.random.Generator` the model's
-  layers hold and the global one, numpy's and Python's generators), so that
+  layers hold, the global generators of TensorFlow and Keras, numpy's and
+  Python's), so that
   dropout, augmentation and noise draw alike in every pass of a trial; a
   pass that draws other random values even so (TensorFlow's random ops
   without a generator) is traced anew with a fixed graph seed, another in
@@ -69,6 +70,7 @@ import weakref
 import keras
 import numpy as np
 import tensorflow as tf
+from keras.src.random import seed_generator as keras_seed_generator
 
 from tfdp.dp import layer_taps
 
@@ -466,9 +468,10 @@ class RandomState:
 
     The model's non-trainable variables (the Keras seed generators' states
     among them, and any state a pass writes), the state of every
-    `tf.random.Generator` its layers hold and of TensorFlow's global one,
-    and numpy's and Python's global generators (which code that is traced
-    may draw from). `snapshot` takes them; `restore` puts them back, so that
+    `tf.random.Generator` its layers hold, of TensorFlow's global generator
+    and of Keras' global seed generator (which `keras.random` draws from
+    without a seed), and numpy's and Python's global generators (which code
+    that is traced may draw from). `snapshot` takes them; `restore` puts them back, so that
     the passes after it draw the same random values.
 
     Args:
@@ -476,12 +479,17 @@ class RandomState:
     """
 
     def __init__(self, model):
-        tf_generators = [g.state for g in generators(model)]
-        self.variables = list(model.non_trainable_variables) + tf_generators
+        states = [g.state for g in generators(model)]
+        seed_generators = _held(model, keras.random.SeedGenerator)
+        if not tf.distribute.has_strategy():
+            # Keras' global one, which `keras.random` draws from without a seed.
+            seed_generators.append(keras_seed_generator.global_seed_generator())
+        own = {id(v) for v in model.non_trainable_variables}
+        states += [g.state for g in seed_generators if id(g.state) not in own]
+        self.variables = list(model.non_trainable_variables) + states
         # The variables that hold random state, which moves the same way
         # whatever the data: the generators' and the Keras seed generators'.
-        self.random_ids = {id(v) for v in tf_generators} | {
-            id(g.state) for g in _held(model, keras.random.SeedGenerator)}
+        self.random_ids = {id(v) for v in states} | {id(g.state) for g in seed_generators}
         self.initial = self.snapshot()
 
     def snapshot(self):
