@@ -482,8 +482,11 @@ class RandomState:
         states = [g.state for g in generators(model)]
         seed_generators = _held(model, keras.random.SeedGenerator)
         if not tf.distribute.has_strategy():
-            # Keras' global one, which `keras.random` draws from without a seed.
+            # Keras' global one, which `keras.random` draws from without a seed;
+            # made with a draw from Python's generator, which is put back.
+            python_state = random.getstate()
             seed_generators.append(keras_seed_generator.global_seed_generator())
+            random.setstate(python_state)
         own = {id(v) for v in model.non_trainable_variables}
         states += [g.state for g in seed_generators if id(g.state) not in own]
         self.variables = list(model.non_trainable_variables) + states
