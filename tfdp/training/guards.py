@@ -140,11 +140,13 @@ def check_sensitivity(model, info, examples, *, l2_norm_clip, method, weight_dec
     batch = sensitivity.synthetic_batch(
         model, examples, info.image_shape, "float32", num_classes=info.num_classes,
         augmentation_multiplicity=k)
-    resolved = dp.resolve_method(model, method, batch[0])
+    # Resolved after the probe, which probes the layers (with `input_range`)
+    # first; the method's own probe then reuses that report.
     figure = sensitivity.probe_training(
-        model, evaluation.per_example_loss, batch, l2_norm_clip, resolved,
+        model, evaluation.per_example_loss, batch, l2_norm_clip, method,
         input_ranges=[input_range] if input_range is not None else None,
         weight_decay=weight_decay, augmentation_multiplicity=k)
+    resolved = dp.resolve_method(model, method, batch[0])
     reporting.log(
         f"sensitivity probe: largest leave-one-out contribution {figure:.6f}·C "
         f"(method={resolved}, physical batch of {int(batch[0].shape[0]) // k}, "
