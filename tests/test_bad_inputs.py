@@ -7,7 +7,8 @@ another architecture, an unknown strategy, corrupt images through the
 trainer, non-finite training examples (no stop: a stop would reveal them),
 and the one-line `error:` form of gin-wrapped errors on the CLI.
 Most run in-process (`tfdp.config.parse` + `tfdp.train.train`) and fail
-before any training step.
+before any training step; so does a gin-configured model that mixes
+examples only on non-negative images (the training probe refuses it).
 """
 
 import json
@@ -61,6 +62,19 @@ def overflowing_model(num_classes, input_shape):
     ])
 
 
+@gin.configurable(module="tests")
+def centres_non_negative_model(num_classes, input_shape):
+    """Subtracts the batch mean from the images, only when they are all >= 0 (they are)."""
+    from tests.dp.test_training_probe import CentresNonNegative
+
+    return keras.Sequential([
+        keras.Input(input_shape),
+        CentresNonNegative(name="centres_non_negative"),
+        keras.layers.Flatten(),
+        keras.layers.Dense(num_classes),
+    ])
+
+
 class BadInputsTest(tf.test.TestCase):
 
     def _train(self, *bindings, workdir=None):
@@ -99,6 +113,15 @@ class BadInputsTest(tf.test.TestCase):
     def test_batchnorm_model_is_refused(self):
         with self.assertRaisesRegex(ValueError, "BatchNormalization.*replace_batchnorm"):
             self._train("ModelConfig.model_fn = @tests.batchnorm_model")
+
+    def test_mixing_on_non_negative_images_is_refused(self):
+        # The digits are in [0, 1], where the layer mixes; the probe draws
+        # batches from that range too, so it is refused before any step.
+        workdir = self.create_tempdir().full_path
+        with self.assertRaisesRegex(ValueError, "Layer 'centres_non_negative' mixes examples"):
+            self._train("ModelConfig.model_fn = @tests.centres_non_negative_model",
+                        workdir=workdir)
+        self.assertFalse(os.path.exists(os.path.join(workdir, "summary.json")))
 
     def test_init_checkpoint_of_another_architecture(self):
         path = os.path.join(self.create_tempdir().full_path, "other.keras")

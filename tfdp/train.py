@@ -162,7 +162,8 @@ def train(workdir, seed=0, strategy_name=None, dry_run=False, *, data_config=Non
         run_contract.log_run_contract(model, contract, batching, dataset=data_config.dataset,
                                       clipping_plan=clipping_plan, out_dir=out_dir,
                                       duplicates_kept=data.duplicates_kept)
-        adapted = guards.check_before_training(model, data.info, batching, probe)
+        adapted = guards.check_before_training(model, data.info, batching, probe,
+                                               preprocess=data.train_preprocess)
         reporter = reporting.make_run_reporter(
             out_dir, contract, state, data, adapted_state=adapted,
             report_non_dp_statistics=run.report_non_dp_statistics)

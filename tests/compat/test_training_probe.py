@@ -7,6 +7,8 @@ import tensorflow as tf
 
 import tfdp
 from tests.dp.test_training_probe import AddsRowInto
+from tests.dp.test_training_probe import AddsRowWhenBright
+from tests.dp.test_training_probe import CentresNonNegative
 from tests.dp.test_training_probe import MixesFrom
 from tests.dp.test_training_probe import RunningMean
 from tests.dp.test_training_probe import batch_mean_xent
@@ -64,3 +66,32 @@ def test_dp_sequential(mixing, loss, pattern):
                                             layers=_layers(mixing))
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss())
     _fit_refused(model, pattern)
+
+
+@pytest.mark.parametrize("layer", [CentresNonNegative, AddsRowWhenBright])
+def test_dp_sequential_mixing_only_for_some_input_values(layer):
+    # On the inputs, which are standard normal here: the probe's ranges
+    # trigger what this training would not.
+    model = tensorflow_privacy.DPSequential(
+        l2_norm_clip=1.0, noise_multiplier=0.0,
+        layers=[keras.Input((6, 6, 1)), layer(name="value_mixing"), keras.layers.Flatten(),
+                keras.layers.Dense(3)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=_xent())
+    _fit_refused(model, "Layer 'value_mixing' mixes examples")
+
+
+class _MixUpSequential(tensorflow_privacy.DPSequential):
+    """TF-Privacy's DPSequential with MixUp across the batch in its train_step."""
+
+    def train_step(self, data):
+        x = data[0]
+        weight = tf.random.uniform([])
+        x = weight * x + (1.0 - weight) * tf.reverse(x, axis=[0])
+        return super().train_step((x,) + tuple(data[1:]))
+
+
+def test_dp_sequential_whose_train_step_mixes_the_batch():
+    model = _MixUpSequential(l2_norm_clip=1.0, noise_multiplier=0.0, layers=_layers(False))
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=_xent())
+    _fit_refused(model, "_MixUpSequential.train_step mixes examples")
+    assert int(model.optimizer.iterations) == 0

@@ -1,10 +1,12 @@
 """The training probe runs at the physical batch size, with the loss of training.
 
 A layer that mixes examples only in batches of some size or more, one that
-adds any row into another (a fixed middle row, or a random row per call), a
-loss that is not per-example, and a layer that writes non-trainable state
-from the batch are refused with an error naming them; a per-example model
-and loss pass with a leave-one-out figure of at most C.
+adds any row into another (a fixed middle row, or a random row per call), one
+that mixes only for some input values (non-negative inputs, values above 200,
+a preprocessing's range) or only on half of its random draws, a loss that is
+not per-example, and a layer that writes non-trainable state from the batch
+are refused with an error naming them; a per-example model and loss pass with
+a leave-one-out figure of at most C, per-example random noise included.
 """
 
 import types
@@ -14,6 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from tests.dp import dp_test_case
+from tfdp.data import preprocessing
 from tfdp.training import guards
 from tfdp.dp import model_probe
 from tfdp.dp import sensitivity
@@ -81,6 +84,63 @@ class AddsRowInto(keras.layers.Layer):
         return x + self.weight * onto * tf.gather(x, source)[None]
 
 
+class CentresNonNegative(keras.layers.Layer):
+    """Subtracts the batch mean, only when every input is >= 0 (as [0, 1] images are)."""
+
+    def call(self, x):
+        centred = x - tf.reduce_mean(x, axis=0, keepdims=True)
+        return tf.cond(tf.reduce_min(x) >= 0, lambda: centred, lambda: x)
+
+
+class AddsRowWhenBright(keras.layers.Layer):
+    """Adds the middle row into row 0, only when a value exceeds 200 (as 0-255 pixels do)."""
+
+    def call(self, x):
+        x = tf.cast(x, tf.float32)
+        rows = tf.shape(x)[0]
+        onto = tf.reshape(tf.one_hot(0, rows, dtype=x.dtype),
+                          tf.concat([[rows], tf.ones([tf.rank(x) - 1], tf.int32)], 0))
+        mixed = x + onto * tf.gather(x, rows // 2)[None]
+        return tf.cond(tf.reduce_max(x) > 200, lambda: mixed, lambda: x)
+
+
+class MixesWithinTwo(keras.layers.Layer):
+    """Subtracts the batch mean, only when every input is in [-2, 1.2] and one is below -1.2."""
+
+    def call(self, x):
+        centred = x - tf.reduce_mean(x, axis=0, keepdims=True)
+        fires = (tf.reduce_min(x) >= -2.0) & (tf.reduce_min(x) < -1.2) & (tf.reduce_max(x) <= 1.2)
+        return tf.cond(fires, lambda: centred, lambda: x)
+
+
+class MixesOnHalfTheDraws(keras.layers.Layer):
+    """In training, mixes the batch with its reverse when a generator's draw is below 1/2."""
+
+    def __init__(self, seed=0, **kwargs):
+        super().__init__(**kwargs)
+        self.generator = tf.random.Generator.from_seed(seed)
+
+    def call(self, x, training=False):
+        if not training:
+            return x
+        coin, weight = tf.unstack(self.generator.uniform([2]))
+        mixed = weight * x + (1 - weight) * tf.reverse(x, axis=[0])
+        return tf.cond(coin < 0.5, lambda: mixed, lambda: x)
+
+
+class GeneratorNoise(keras.layers.Layer):
+    """In training, adds noise from a tf.random.Generator to each row: per-example."""
+
+    def __init__(self, seed=0, **kwargs):
+        super().__init__(**kwargs)
+        self.generator = tf.random.Generator.from_seed(seed)
+
+    def call(self, x, training=False):
+        if not training:
+            return x
+        return x + 0.1 * self.generator.normal(tf.shape(x))
+
+
 class RunningMean(keras.layers.Layer):
     """Keeps a running mean of its training inputs in a non-trainable variable."""
 
@@ -109,6 +169,12 @@ def dense_model(layer, input_shape=(6, 6, 1)):
     x = keras.Input(input_shape)
     h = keras.layers.Dense(5, activation="tanh")(keras.layers.Flatten()(x))
     return keras.Model(x, keras.layers.Dense(3)(layer(h)))
+
+
+def input_model(layer, input_shape=(6, 6, 1), dtype="float32"):
+    """`layer` on the inputs themselves (giving floats), then Flatten, Dense(3)."""
+    x = keras.Input(input_shape, dtype=dtype)
+    return keras.Model(x, keras.layers.Dense(3)(keras.layers.Flatten()(layer(x))))
 
 
 def subtle_mixing_model(layer, input_shape=(16, 16, 8)):
@@ -249,6 +315,84 @@ class TrainingProbeTest(dp_test_case.DPTestCase):
                                             self._batch(model, 8), 1e-3)
         # C far below the gradient norms: every example is clipped to exactly C.
         self.assertAllClose(figure, 1.0, atol=1e-4)
+
+    def test_mixing_only_for_some_input_values_refused_by_the_trainer_probe(self):
+        # Centring only when every input is >= 0 (as on [0, 1] images), a row
+        # added into another only when a value exceeds 200 (as on 0-255
+        # pixels): the standard normal triggers neither, the typical ranges do.
+        for layer in (CentresNonNegative(name="centres_non_negative"),
+                      AddsRowWhenBright(name="adds_row_when_bright")):
+            with self.subTest(layer=layer.name):
+                with self.assertRaisesRegex(ValueError, f"Layer '{layer.name}' mixes examples"):
+                    guards.check_sensitivity(input_model(layer), INFO, 8, **CLIP)
+
+    def test_float_batches_cover_the_typical_ranges_and_their_edges(self):
+        ranges = model_probe.probe_value_ranges("float32")
+        self.assertEqual(ranges, [None, ((0.0,), (1.0,)), ((-1.0,), (1.0,)), ((0.0,), (255.0,))])
+        model = plain_model()
+        for value_range in ranges[1:]:
+            (low,), (high,) = value_range
+            x, other = (t.numpy() for t in model_probe.probe_inputs(
+                model, (6, 6, 1), "float32", 8, value_range=value_range))
+            self.assertTrue(np.all(x[0] == low) and np.all(x[1] == high), msg=value_range)
+            for t in (x, other):
+                self.assertTrue(np.all((t >= low) & (t <= high)), msg=value_range)
+            self.assertTrue(np.all(np.any(np.reshape(x != other, [8, -1]), axis=1)))
+        # A public range the route knows is added once; the known ones are not repeated.
+        self.assertLen(model_probe.probe_value_ranges("float32", [(0.0, 1.0), (-2.0, 1.0)]), 5)
+
+    def test_uint8_inputs_span_0_to_255_and_bright_mixing_is_refused(self):
+        model = input_model(AddsRowWhenBright(name="adds_row_when_bright"), dtype="uint8")
+        x, _ = model_probe.probe_inputs(model, (6, 6, 1), "uint8", 8)
+        x = x.numpy()
+        self.assertTrue(np.all(x[0] == 0) and np.all(x[1] == 255))
+        self.assertGreater(len(np.unique(x)), 100)
+        report = model_probe.probe(model, tf.zeros([8, 6, 6, 1], tf.uint8))
+        self.assertEqual(report.mixing_layer, "adds_row_when_bright")
+
+    def test_the_trainers_preprocessing_range_is_probed(self):
+        # Normalised with mean 2/3 and std 1/3: inputs in [-2, 1]. The layer
+        # mixes only there, which no typical range triggers.
+        preprocess = preprocessing.cifar_train_preprocess(padding=0, mean=(2 / 3,),
+                                                          std=(1 / 3,))
+        value_range = guards.preprocessed_range(preprocess, INFO.image_shape)
+        self.assertAllClose(value_range, ((-2.0,), (1.0,)))
+        self.assertIsNone(guards.preprocessed_range(None, INFO.image_shape))
+        model = input_model(MixesWithinTwo(name="mixes_within_two"))
+        figure = guards.check_sensitivity(model, INFO, 8, **CLIP)
+        self.assertLessEqual(figure, 1.0 + sensitivity.TOLERANCE)
+        with self.assertRaisesRegex(ValueError, "Layer 'mixes_within_two' mixes examples"):
+            guards.check_sensitivity(model, INFO, 8, input_range=value_range, **CLIP)
+
+    def test_mixing_on_half_of_a_generators_draws_is_refused_every_time(self):
+        # Each trial starts from its own generator state: a draw that mixes
+        # comes up in one of them, whatever the generator's seed.
+        for seed in range(6):
+            with self.subTest(seed=seed):
+                layer = MixesOnHalfTheDraws(seed, name="half_the_draws")
+                report = model_probe.probe(dense_model(layer), rows=8)
+                self.assertEqual(report.mixing_layer, "half_the_draws")
+
+    def test_per_example_generator_noise_passes_and_its_state_is_restored(self):
+        layer = GeneratorNoise(name="noise")
+        model = dense_model(layer)
+        before = layer.generator.state.numpy()
+        numpy_before = np.random.get_state()[1].copy()
+        for method in ("auto", "naive"):
+            figure = sensitivity.probe_training(model, dp_test_case.per_example_xent,
+                                                self._batch(model, 8), 1e-3, method)
+            self.assertAllClose(figure, 1.0, atol=1e-4, msg=method)
+        self.assertAllEqual(layer.generator.state.numpy(), before)
+        self.assertAllEqual(np.random.get_state()[1], numpy_before)
+
+    def test_an_unbounded_figure_names_a_fix_that_fits_the_method(self):
+        with self.assertRaisesRegex(ValueError, "Use method='naive' or 'vectorized'"):
+            sensitivity.refuse_unbounded(1.5, "bk")
+        for method in ("naive", "vectorized"):
+            with self.assertRaises(ValueError) as caught:
+                sensitivity.refuse_unbounded(1.5, method)
+            self.assertNotIn("Use method=", str(caught.exception))
+            self.assertIn("per-example", str(caught.exception))
 
     def test_synthetic_batch_rows_are_distinct(self):
         x, y = self._batch(plain_model(), 6)

@@ -63,7 +63,10 @@ class RecordingModel(tfdp.DPModel):
 
     @classmethod
     def _record(cls, x, weights, step):
-        rows = [cls.ids_of[row.tobytes()] for row, w in zip(x.numpy(), weights.numpy()) if w > 0]
+        # Rows of no example are the train_step probe's synthetic batches,
+        # replayed before training: not trained on.
+        rows = [cls.ids_of[row.tobytes()] for row, w in zip(x.numpy(), weights.numpy())
+                if w > 0 and row.tobytes() in cls.ids_of]
         cls.rows_by_step.setdefault(int(step), []).extend(rows)
 
 

@@ -20,35 +20,57 @@ mix examples only in batches of some size, e.g. from 4 rows on):
   not lets a row depend on another (e.g. subtracts the batch mean, or adds
   row j into row i). The sets come from `changed_row_sets`: for every
   ordered pair of rows (i, j), some set holds j and not i, so a dependence
-  of any row on any other row is tested, with m + 2 passes where
-  C(m, m/2) >= rows (13 passes at 256 rows; one pass repeats the first,
-  to tell random draws from mixing). The random state of Keras
-  layers (seed generators) is restored before each pass so that dropout
-  draws the same masks; a pass that draws other random values without
-  them is traced anew with a fixed graph seed. Each layer call's inputs
-  and outputs are kept only as a digest of every row's values (its largest
-  magnitude and signed sums of `DIGEST_CHUNK` values). The passes run as a
-  graph (a `tf.function`), so the probe needs about the memory of an
-  inference pass, well below a training step's.
+  of any row on any other row is tested, with m + 1 passes per trial where
+  C(m, m/2) >= rows (12 at 256 rows), and one more pass that repeats the
+  first, to tell random draws from mixing.
+- Inputs like the data's. A layer may mix only for some values (only when
+  every input is >= 0, as [0, 1] images are; only when a value exceeds 200,
+  as 0-255 pixels do). Each trial draws its batch from one of
+  `probe_value_ranges`: for real-valued inputs the standard normal and the
+  typical ranges of image data (`FLOAT_RANGES`), with one row at the
+  range's low end and one at its high end, plus any public range the route
+  knows (the trainer's preprocessing); for uint8 inputs 0..255; for other
+  integer inputs valid ids of the model's embeddings. These are public
+  facts about the dtype, never values measured on the private data.
+- Randomness held fixed. Before each pass the model's random state is
+  restored (`RandomState`: its non-trainable variables, which hold the
+  Keras seed generators' states, every `tf.random.Generator` the model's
+  layers hold, the global generators of TensorFlow and Keras, numpy's and
+  Python's), so that
+  dropout, augmentation and noise draw alike in every pass of a trial; a
+  pass that draws other random values even so (TensorFlow's random ops
+  without a generator) is traced anew with a fixed graph seed, another in
+  each trial. A model that draws from generators in training is probed in
+  `RANDOM_TRIALS` trials, each from its own random state, so that mixing
+  that happens only on some draws (with probability 1/2, say) is seen in
+  one of them; with TensorFlow's random ops, whose passes are each traced
+  anew, in one trial per value range. Randomness the probe cannot hold
+  fixed makes it compare inference passes.
+- Each layer call's inputs and outputs are kept only as a digest of every
+  row's values (its largest magnitude and signed sums of `DIGEST_CHUNK`
+  values). The passes run as a graph (a `tf.function`), so the probe needs
+  about the memory of an inference pass, well below a training step's.
 - State written from data. A non-trainable variable (other than a Keras
   seed generator's) that a training pass changes, to a value that depends
   on the batch, would carry private data out of training without noise
   (a running mean, a BatchNorm subclass updating its statistics): it is
   reported by the layer and variable that hold it.
 
-Results are cached per model, input signature, rows and set of trainable
-variables.
+Results are cached per model, input signature, rows, value ranges and set of
+trainable variables.
 """
 
 import dataclasses
 import itertools
 import math
+import random
 import threading
 import weakref
 
 import keras
 import numpy as np
 import tensorflow as tf
+from keras.src.random import seed_generator as keras_seed_generator
 
 from tfdp.dp import layer_taps
 
@@ -64,6 +86,14 @@ DIGEST_CHUNK = 16
 # Relative tolerance of a comparison: float noise between two passes is far
 # below it; a layer that mixes examples moves its other rows far above it.
 TOLERANCE = 1e-4
+# Ranges of real-valued inputs that the probe draws batches from, besides the
+# standard normal (standardized data): [0, 1] and [-1, 1] images, 0-255
+# pixels as floats. Public facts about image data, not measured on it.
+FLOAT_RANGES = ((0.0, 1.0), (-1.0, 1.0), (0.0, 255.0))
+# Trials, each from its own random state, for a model that draws random values
+# in training: mixing that happens on a fraction p of the draws is missed with
+# probability (1 - p) ** RANDOM_TRIALS (1/4096 for p = 1/2).
+RANDOM_TRIALS = 12
 _lock = threading.RLock()
 _cache = weakref.WeakKeyDictionary()
 
@@ -145,7 +175,7 @@ class ProbeReport:
         )
 
 
-def probe(model, x=None, rows=None):
+def probe(model, x=None, rows=None, ranges=None):
     """Probes `model` (cached); None when no input signature is known.
 
     Args:
@@ -156,6 +186,11 @@ def probe(model, x=None, rows=None):
         rows: int or None. The probe batch's rows: the physical batch size
             of training. Defaults to `x`'s static batch size; at least
             `MIN_PROBE_ROWS` either way.
+        ranges: sequence of `(low, high)` or None. Public ranges of the
+            input values that the route knows (e.g. the trainer's
+            preprocessing), each bound a float or one per channel, probed
+            besides `probe_value_ranges`' own. Defaults to None: a cached
+            report serves whatever ranges it probed.
 
     Returns:
         A `ProbeReport`, or None.
@@ -167,12 +202,15 @@ def probe(model, x=None, rows=None):
         rows = int(x.shape[0])
     rows = max(MIN_PROBE_ROWS, int(rows or 0))
     key = (signature, rows, tuple(id(v) for v in model.trainable_variables))
+    probed = probe_value_ranges(signature[1], ranges or ())
     with _lock:
         cached = _cache.get(model)
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        report = run_eagerly(_probe, model, *signature, rows)
-        _cache[model] = (key, report)
+        # A report serves any request whose value ranges it probed.
+        if cached is not None and cached[0] == key and (
+                ranges is None or all(r in cached[1] for r in probed)):
+            return cached[2]
+        report = run_eagerly(_probe, model, *signature, rows, probed)
+        _cache[model] = (key, probed, report)
         return report
 
 
@@ -224,8 +262,49 @@ def _signature(model, x):
     return shape, tf.as_dtype(dtype).name
 
 
-def probe_inputs(model, shape, dtype, rows, seed=0):
+def _as_range(value_range):
+    """`(low, high)` as two tuples of floats (one value when all channels agree)."""
+    low, high = (np.asarray(bound, np.float64).reshape(-1) for bound in value_range)
+    if low.size and np.all(low == low[0]) and np.all(high == high[0]):
+        low, high = low[:1], high[:1]
+    return tuple(float(v) for v in low), tuple(float(v) for v in high)
+
+
+def probe_value_ranges(dtype, ranges=()):
+    """The value distributions that probe batches of `dtype` are drawn from.
+
+    Args:
+        dtype: the input dtype.
+        ranges: sequence of `(low, high)`. Public ranges of the inputs that
+            the route knows (each bound a float or one per channel), added
+            to the typical ones. Defaults to `()`.
+
+    Returns:
+        list, one entry per distribution, for `probe_inputs`'
+        `value_range`: None (the standard normal; for integer inputs, the
+        dtype's own values, see `probe_inputs`) first, then for real-valued
+        inputs each of `FLOAT_RANGES` and `ranges` once.
+    """
+    dtype = tf.as_dtype(dtype)
+    if dtype.is_integer or dtype == tf.bool:
+        return [None]
+    found = [None] + [_as_range(r) for r in FLOAT_RANGES]
+    for value_range in ranges:
+        value_range = _as_range(value_range)
+        if value_range not in found:
+            found.append(value_range)
+    return found
+
+
+def probe_inputs(model, shape, dtype, rows, seed=0, value_range=None):
     """A batch of `rows` distinct random inputs, and other values for each row.
+
+    Real-valued inputs are standard normal, or with `value_range` uniform in
+    it, with row 0 at the low end and row 1 at the high end (the edges: an
+    all-black and an all-white image). Integer inputs are valid ids for all
+    of the model's embedding tables; uint8 inputs without an embedding take
+    0..255 (other integers 0 and 1); row 0 holds the least and row 1 the
+    greatest.
 
     Args:
         model: keras.Model. Integer inputs are valid ids for all of its
@@ -234,6 +313,8 @@ def probe_inputs(model, shape, dtype, rows, seed=0):
         dtype: the input dtype.
         rows: int. Rows of the batch.
         seed: int. Defaults to 0.
+        value_range: `(low, high)` or None. An entry of
+            `probe_value_ranges`. Defaults to None.
 
     Returns:
         `(x, other)`: two tensors `[rows, *shape]`; every row of `other`
@@ -241,16 +322,29 @@ def probe_inputs(model, shape, dtype, rows, seed=0):
     """
     rng = np.random.default_rng(seed)
     size = (rows,) + tuple(shape)
-    if tf.as_dtype(dtype).is_integer:
+    dtype = tf.as_dtype(dtype)
+    edges = rows >= 2
+    if dtype.is_integer:
         # Valid ids for every embedding table of the model.
         dims = [layer.input_dim for layer in model._flatten_layers()
                 if isinstance(layer, keras.layers.Embedding)]
-        bound = min(dims) if dims else 2
+        bound = min(dims) if dims else (256 if dtype == tf.uint8 else 2)
+        if dtype == tf.uint8:
+            bound = min(bound, 256)
         x = rng.integers(0, bound, size=size)
+        if edges:
+            x[0], x[1] = 0, bound - 1
         other = (x + 1) % bound
-    else:
+    elif value_range is None:
         x = rng.normal(size=size)
         other = 3.0 * rng.normal(size=size)
+    else:
+        low, high = (np.broadcast_to(np.asarray(b, np.float64), tuple(shape))
+                     for b in value_range)
+        x = rng.uniform(low, high, size=size)
+        if edges:
+            x[0], x[1] = low, high
+        other = rng.uniform(low, high, size=size)
     return tf.constant(x, dtype), tf.constant(other, dtype)
 
 
@@ -284,17 +378,19 @@ def changed_row_sets(rows):
 # Eager Python throughout: AutoGraph, which converts what a traced train step
 # calls, would turn its float() and comparisons into graph ops.
 @tf.autograph.experimental.do_not_convert
-def _probe(model, shape, dtype, rows):
-    x, other = probe_inputs(model, shape, dtype, rows)
-    state = [(v, v.numpy()) for v in model.non_trainable_variables]
+def _probe(model, shape, dtype, rows, value_ranges):
+    batches = [probe_inputs(model, shape, dtype, rows, value_range=value_range)
+               for value_range in value_ranges]
+    randomness = RandomState(model)
     digest = _Digester(rows)
     traced = {}  # training -> the `_Trace` of its latest tracing (layers, reads).
+    graph_seed = None  # With a fixed seed: the trial's graph seed.
 
     def forward(inputs, training):
-        if fixed_seed:
+        if graph_seed is not None:
             # The graph's own seed (not the global one): ops without a seed
             # get the same seeds in every tracing, so each pass draws alike.
-            tf.random.set_seed(0)
+            tf.random.set_seed(graph_seed)
         trace = _traced_forward(model, inputs, training, digest)
         traced[training] = trace
         return [(d_in, d_out) for _, d_in, d_out in trace.calls], trace.outputs
@@ -303,48 +399,156 @@ def _probe(model, shape, dtype, rows):
     # model holds every layer's output until its end (ResNet-50-GN, 224 px,
     # 40 rows: +4.8 GB eagerly, +0.36 GB as a graph). The variable reads are
     # those of the tracing; the digests are the graph's outputs.
-    fixed_seed = False
     graph = tf.function(forward, autograph=False)
 
-    def run(inputs, training):
-        for v, _ in state:
-            v.assign(initial[id(v)])
+    def run(inputs, training, start):
+        """One pass from the random state `start`; its trace and written values."""
+        randomness.restore(start)
         # With a fixed seed each pass is traced anew: a traced random op
         # draws new values at every call.
-        fn = tf.function(forward, autograph=False) if fixed_seed else graph
+        fn = tf.function(forward, autograph=False) if graph_seed is not None else graph
         digests, outputs = fn(inputs, training)
         after = {id(v): v.numpy() for v in written}
         return traced[training].with_values(digests, outputs), after
 
-    initial = {id(v): value for v, value in state}
     written = []
-    first, _ = run(x, True)
+    start = randomness.initial
+    x, other = batches[0]
+    first, _ = run(x, True, start)
     # Variables the training pass changed (seed generators' states among
     # them), and their values after it.
-    written = [v for v, value in state
-               if v.shape == value.shape and not np.array_equal(v.numpy(), value)]
+    values = start[0]
+    written = [v for v in randomness.variables
+               if v.shape == values[id(v)].shape and not np.array_equal(v.numpy(), values[id(v)])]
     first_state = {id(v): v.numpy() for v in written}
     training = True
     for attempt in range(2):
-        if _same(first, run(x, training)[0], np.ones([rows], bool)):
+        if _same(first, run(x, training, start)[0], np.ones([rows], bool)):
             break
         if attempt == 0:
-            fixed_seed = True  # Random draws outside Keras seed generators.
+            graph_seed = 0  # Random draws outside the state `RandomState` restores.
         else:
             training = False  # Random even so: compare inference passes.
-        first, first_state = run(x, training)
+        first, first_state = run(x, training, start)
+    # A pass that moves a generator's state draws random values: other draws
+    # may mix where these did not. (With a fixed graph seed each pass is
+    # traced anew, which costs more than the pass: one trial per range.)
+    draws = training and graph_seed is None and any(
+        id(v) in randomness.random_ids for v in written)
+    trials = max(len(batches), RANDOM_TRIALS if draws else 1)
     mixing, moved = None, set()
-    for changed in changed_row_sets(rows):
-        mask = tf.constant(changed.reshape((rows,) + (1,) * len(shape)))
-        result, result_state = run(tf.where(mask, other, x), training)
-        if mixing is None:
-            mixing = _mixing_layer(model, first, result, ~changed)
-        moved.update(i for i, value in result_state.items()
-                     if not np.array_equal(value, first_state[i]))
-    for v, value in state:
-        v.assign(value)
-    writes = [StateWrite(_owner_name(model, v), v.path) for v in written if id(v) in moved]
+    for trial in range(trials):
+        x, other = batches[trial % len(batches)]
+        if trial:
+            graph_seed = trial if graph_seed is not None else None
+            first, first_state = run(x, training, start)
+        # The next trial starts from the random state this pass left.
+        following = ({**start[0], **first_state}, np.random.get_state(), random.getstate())
+        for changed in changed_row_sets(rows):
+            mask = tf.constant(changed.reshape((rows,) + (1,) * len(shape)))
+            result, result_state = run(tf.where(mask, other, x), training, start)
+            if mixing is None:
+                mixing = _mixing_layer(model, first, result, ~changed)
+                if mixing is not None and trial and not _same(
+                        first, run(x, training, start)[0], np.ones([rows], bool)):
+                    mixing = None  # This trial's draws are not held fixed: no evidence.
+            moved.update(i for i, value in result_state.items()
+                         if not np.array_equal(value, first_state[i]))
+        if mixing is not None:
+            break
+        start = following
+    randomness.restore()
+    writes = [StateWrite(_owner_name(model, v), v.path) for v in written
+              if id(v) in moved and id(v) not in randomness.random_ids]
     return ProbeReport(_foreign_reads(model, first), mixing, writes)
+
+
+class RandomState:
+    """What a training pass of a model may change, to restore between passes.
+
+    The model's non-trainable variables (the Keras seed generators' states
+    among them, and any state a pass writes), the state of every
+    `tf.random.Generator` its layers hold, of TensorFlow's global generator
+    and of Keras' global seed generator (which `keras.random` draws from
+    without a seed), and numpy's and Python's global generators (which code
+    that is traced may draw from). `snapshot` takes them; `restore` puts them back, so that
+    the passes after it draw the same random values.
+
+    Args:
+        model: keras.Model.
+    """
+
+    def __init__(self, model):
+        states = [g.state for g in generators(model)]
+        seed_generators = _held(model, keras.random.SeedGenerator)
+        if not tf.distribute.has_strategy():
+            # Keras' global one, which `keras.random` draws from without a seed;
+            # made with a draw from Python's generator, which is put back.
+            python_state = random.getstate()
+            seed_generators.append(keras_seed_generator.global_seed_generator())
+            random.setstate(python_state)
+        own = {id(v) for v in model.non_trainable_variables}
+        states += [g.state for g in seed_generators if id(g.state) not in own]
+        self.variables = list(model.non_trainable_variables) + states
+        # The variables that hold random state, which moves the same way
+        # whatever the data: the generators' and the Keras seed generators'.
+        self.random_ids = {id(v) for v in states} | {id(g.state) for g in seed_generators}
+        self.initial = self.snapshot()
+
+    def snapshot(self):
+        """The current values: `(variable values by id, numpy's state, Python's state)`."""
+        return ({id(v): v.numpy() for v in self.variables}, np.random.get_state(),
+                random.getstate())
+
+    def restore(self, snapshot=None):
+        """Puts back `snapshot` (defaults to the values when this was made)."""
+        values, numpy_state, python_state = snapshot or self.initial
+        for v in self.variables:
+            v.assign(values[id(v)])
+        np.random.set_state(numpy_state)
+        random.setstate(python_state)
+
+
+def generators(model):
+    """The `tf.random.Generator`s that `model`'s layers hold, and the global one.
+
+    A generator is found as an attribute of a layer (or of the model), or in
+    a list, tuple or dict held by one. The global generator is created here
+    if it does not exist yet (outside a distribution strategy), so that a
+    layer drawing from it draws from a state that can be restored.
+
+    Args:
+        model: keras.Model.
+
+    Returns:
+        list of `tf.random.Generator`.
+    """
+    found = _held(model, tf.random.Generator)
+    if not tf.distribute.has_strategy():
+        generator = tf.random.get_global_generator()
+        if all(g is not generator for g in found):
+            found.append(generator)
+    return found
+
+
+def _held(model, kind):
+    """The objects of type `kind` that `model`'s layers hold (or lists, tuples, dicts of them)."""
+    found = {}
+
+    def visit(value, depth):
+        if isinstance(value, kind):
+            found.setdefault(id(value), value)
+        elif depth < 3 and isinstance(value, (list, tuple)):
+            for item in value:
+                visit(item, depth + 1)
+        elif depth < 3 and isinstance(value, dict):
+            for item in value.values():
+                visit(item, depth + 1)
+
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        for value in vars(layer).values():
+            visit(value, 0)
+    return list(found.values())
 
 
 def _owner_name(model, variable):

@@ -4,8 +4,9 @@ DP needs every example's contribution to the clipped sum S to be at most C in
 L2 norm. `check_sensitivity` measures, for each example j of a probe batch,
 ‖S(D) − S(D without j)‖ / C, removing j as the data pipeline pads a batch: its
 input zeroed and its weight 0, so that every other example keeps its row (and
-its dropout mask: Keras random state is restored before each sum). Any figure
-above 1 (beyond float error) means the engine does not bound this model.
+its random draws: the model's random state, `model_probe.RandomState`, is
+restored before each sum). Any figure above 1 (beyond float error) means the
+engine does not bound this model.
 
 `probe_training` is what every training route runs before its first update
 (the trainer, Keras `fit`, the TF-Privacy compat optimizers): at the physical
@@ -63,11 +64,10 @@ def check_sensitivity(model, loss, batch, l2_norm_clip, method="auto", leave_out
         else tf.cast(tf.reshape(batch[2], [-1]), tf.float32)
     )
     k = int(clip_kwargs.get("augmentation_multiplicity", 1))
-    state = [(v, v.numpy()) for v in model.non_trainable_variables]
+    randomness = model_probe.RandomState(model)
 
     def clipped_sum(inputs, sample_weight):
-        for v, value in state:  # The same random draws (dropout masks) each time.
-            v.assign(value)
+        randomness.restore()  # The same random draws (dropout masks, noise) each time.
         grads, _ = clipping.clipped_grad_sum(
             model, loss, inputs, y, l2_norm_clip=l2_norm_clip, method=method,
             sample_weight=sample_weight, **clip_kwargs,
@@ -87,22 +87,49 @@ def check_sensitivity(model, loss, batch, l2_norm_clip, method="auto", leave_out
             without = clipped_sum(x * tf.cast(keep_x, x.dtype), weights * keep)
             diff = tf.linalg.global_norm([a - b for a, b in zip(full, without)])
             worst = max(worst, float(diff) / float(l2_norm_clip))
+        if worst > 1.0 + TOLERANCE:
+            # Is the figure a measurement? Not when the full sum itself moves.
+            again = clipped_sum(x, weights)
+            if float(tf.linalg.global_norm([a - b for a, b in zip(full, again)])) > (
+                    TOLERANCE * float(l2_norm_clip)):
+                raise ValueError(
+                    f"Model '{model.name}' draws random values in training that the "
+                    "probe cannot hold fixed between two clipped sums of the same batch "
+                    "(it draws them from none of: a Keras SeedGenerator, a "
+                    "tf.random.Generator held by a layer, numpy's or Python's global "
+                    "generator), so one example's contribution cannot be measured. "
+                    "Draw them with `keras.random` and a "
+                    "`keras.random.SeedGenerator`, or a `tf.random.Generator` held by "
+                    f"the layer. Received: model={model.name!r}, method={method!r}")
     finally:
-        for v, value in state:
-            v.assign(value)
+        randomness.restore()
     return worst
 
 
 def refuse_unbounded(figure, method):
-    """Raises when a `check_sensitivity` figure exceeds 1 + `TOLERANCE`."""
-    if figure > 1.0 + TOLERANCE:
-        raise ValueError(
-            f"The clipping engine does not bound this model with method={method!r}: "
-            f"one example changes the clipped sum by {figure:.6f}·C (> 1 + {TOLERANCE}). "
-            "Training would not be differentially private. Use method='naive' or "
-            "'vectorized', or change the layers that the probe names. "
-            f"Received: sensitivity={figure:.6f}, method={method!r}"
-        )
+    """Raises when a `check_sensitivity` figure exceeds 1 + `TOLERANCE`.
+
+    With a tapped method the cause may be the method (a use of a variable
+    that its per-layer norms miss), and a per-example method is the fix;
+    with a per-example method ("naive", "vectorized") the model itself lets
+    one example move the others' gradients.
+    """
+    if figure <= 1.0 + TOLERANCE:
+        return
+    if method in clipping.TAPPED_METHODS:
+        fix = ("Use method='naive' or 'vectorized' (which compute each example's "
+               "gradient by itself), or change the layers that the probe names.")
+    else:
+        fix = ("This method computes each example's gradient by itself, so the model "
+               "lets one example change the others' gradients (e.g. mixing between "
+               "examples that the layer check did not trigger): make every layer and "
+               "the loss per-example.")
+    raise ValueError(
+        f"The clipping engine does not bound this model with method={method!r}: "
+        f"one example changes the clipped sum by {figure:.6f}·C (> 1 + {TOLERANCE}). "
+        f"Training would not be differentially private. {fix} "
+        f"Received: sensitivity={figure:.6f}, method={method!r}"
+    )
 
 
 def refuse_mixing_loss(loss, y_pred, y_true, model):
@@ -168,7 +195,7 @@ def _name(loss):
 
 
 def probe_training(model, loss, batch, l2_norm_clip, method="auto", leave_out=LEAVE_OUT,
-                   **clip_kwargs):
+                   input_ranges=None, **clip_kwargs):
     """Refuses a model or loss that DP-SGD cannot bound, at the batch size used.
 
     Run on a probe batch of distinct random examples with as many rows as
@@ -179,8 +206,12 @@ def probe_training(model, loss, batch, l2_norm_clip, method="auto", leave_out=LE
        row is tested against every other, and compares the unchanged rows'
        outputs, layer by layer (names the first layer that lets a row depend
        on another, e.g. batch statistics or a layer adding row j into row
-       i, also one that does so only from some batch size on); it also
-       refuses a layer that writes non-trainable state from the batch.
+       i, also one that does so only from some batch size on, or only for
+       some values: its batches are drawn from the standard normal and the
+       typical ranges of image data, `model_probe.probe_value_ranges`, with
+       the random state held fixed within a trial and varied between
+       trials); it also refuses a layer that writes non-trainable state
+       from the batch.
     2. The loss: `refuse_mixing_loss` changes the predictions and targets
        of the same sets of rows and compares every other row's loss (names
        the loss).
@@ -197,9 +228,11 @@ def probe_training(model, loss, batch, l2_norm_clip, method="auto", leave_out=LE
     batch-size-dependent code paths of training. Leaving out every example
     would cost one clipped sum per row (256 at a physical batch of 256) and
     find nothing the first and last cannot: the cost is `leave_out` + 1
-    clipped sums and m + 3 forward passes at the physical batch size, m the
-    number of row sets (7 at 32 rows, 11 at 256). Like
-    any probe this is a check, not a proof.
+    clipped sums and about T·(m + 1) + 2 forward passes at the physical
+    batch size, m the number of row sets (7 at 32 rows, 11 at 256) and T
+    the trials (one per value range: 4 for real-valued inputs, 1 for
+    integer ones; `model_probe.RANDOM_TRIALS` for a model that draws random
+    values in training). Like any probe this is a check, not a proof.
 
     Args:
         model: keras.Model. The model to train.
@@ -211,6 +244,10 @@ def probe_training(model, loss, batch, l2_norm_clip, method="auto", leave_out=LE
         method: str. The clipping method (resolved, or "auto").
         leave_out: int. Examples left out one at a time. Defaults to
             `LEAVE_OUT`.
+        input_ranges: sequence of `(low, high)` or None. Public ranges of
+            the inputs that the route knows (e.g. its preprocessing's
+            output for black and white images), probed besides the typical
+            ones (`model_probe.probe`'s `ranges`). Defaults to None.
         **clip_kwargs: passed to `clipped_grad_sum`.
 
     Returns:
@@ -222,17 +259,16 @@ def probe_training(model, loss, batch, l2_norm_clip, method="auto", leave_out=LE
     """
     x, y = tf.convert_to_tensor(batch[0]), tf.convert_to_tensor(batch[1])
     rows = int(x.shape[0])
-    report = model_probe.probe(model, x, rows=rows)
+    report = model_probe.probe(model, x, rows=rows, ranges=input_ranges or ())
     if report is not None:
         report.refuse_mixing()
         report.refuse_state_writes()
     resolved = clipping.resolve_method(model, method, x)
-    state = [(v, v.numpy()) for v in model.non_trainable_variables]
+    randomness = model_probe.RandomState(model)
     try:
         refuse_mixing_loss(loss, model(x, training=False), y, model)
     finally:
-        for v, value in state:
-            v.assign(value)
+        randomness.restore()
     k = int(clip_kwargs.get("augmentation_multiplicity", 1))
     examples = rows // k
     chosen = sorted({int(j) for j in np.linspace(0, examples - 1, max(1, min(leave_out, examples)))})

@@ -20,6 +20,8 @@ clipping (so it is still bounded by C); weight 0 is padding (no
 contribution, no norm). The divisor does not depend on the weights.
 """
 
+import functools
+
 import keras
 import tensorflow as tf
 from keras.src.losses import loss as loss_module
@@ -31,6 +33,7 @@ from tfdp.keras import fit_route as fit_route_lib
 from tfdp.keras import private_update
 from tfdp.keras import release_guard
 from tfdp.keras import train_function
+from tfdp.keras import train_step_probe
 from tfdp.keras.dp_optimizer import DPOptimizer
 from tfdp.keras.per_example_loss import per_example_loss_fn
 
@@ -52,6 +55,13 @@ class DPModel(keras.Model):
             and must take a single input tensor and give a single output.
         name: str or None. Defaults to `"<model.name>_private"`.
     """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # A subclass's own train_step may change the batch before the private
+        # update (MixUp across rows): it is probed before its first update.
+        if "train_step" in vars(cls):
+            cls.train_step = _probed(cls.train_step)
 
     def __init__(self, model, name=None, **kwargs):
         if isinstance(model, DPModel):
@@ -444,6 +454,31 @@ class DPModel(keras.Model):
             config.pop("model"), custom_objects=custom_objects
         )
         return cls(model, **config)
+
+
+def _probed(train_step):
+    """A subclass's `train_step`, probed once before it first runs (`train_step_probe`).
+
+    The probe replays it on synthetic batches shaped like `data`, and
+    refuses it when what it hands to the private update mixes examples or
+    holds one example in several clipping units. Only the outermost
+    `train_step` of a call is probed (an overriding subclass's, which
+    calls its parents').
+    """
+
+    @functools.wraps(train_step)
+    def probed(self, data):
+        if train_step_probe.outermost():
+            optimizer = self.dp_optimizer
+            route = optimizer.fit_route
+            train_step_probe.probe_train_step(
+                self, train_step, data, rows=getattr(self, "_dp_fit_batch_size", None),
+                group=route.group_size if route is not None else 1,
+                marks_last=getattr(self, "_dp_marks_last", False))
+        with train_step_probe.stepping():
+            return train_step(self, data)
+
+    return probed
 
 
 def refuse_ignored_loss(model):

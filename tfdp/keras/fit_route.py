@@ -17,6 +17,15 @@ from tfdp.samplers import amplification
 
 # The optimizers already warned of weak amplification: once per run, not per fit call.
 _WARNED = weakref.WeakSet()
+# The optimizers already told that a stream's pipeline is not checked.
+_WARNED_STREAM = weakref.WeakSet()
+STREAM_MIXING_WARNING = (
+    "fit got a stream (a tf.data.Dataset or another iterable), whose pipeline tfdp "
+    "does not see: an augmentation in it that combines examples (MixUp, CutMix, "
+    "anything computed across the rows of a batch) voids the privacy guarantee, since "
+    "one example then reaches other examples' gradients. Augment each example by "
+    "itself (per-example random layers in the model), or give fit arrays; see "
+    "docs/KERAS.md, \"Augmentation\".")
 
 # How `fit` feeds the examples (the route's kind), whatever the sampler:
 SAMPLED = "sampled"  # Arrays, batches drawn by the sampler with the secret key.
@@ -162,6 +171,10 @@ def route_fit(optimizer, *, arrays, dataset_size=None, physical_batch_size=None,
     Returns:
         A `FitRoute`.
 
+    A stream's pipeline (where MixUp or CutMix would combine examples) is
+    not seen by tfdp: the first stream an optimizer gets warns once
+    (`STREAM_MIXING_WARNING`).
+
     Raises:
         ValueError: for a streamed input with a sampler that needs random
             access, for `shuffle=False` with an amplified sampler, for
@@ -179,6 +192,9 @@ def route_fit(optimizer, *, arrays, dataset_size=None, physical_batch_size=None,
     # passes are counted against N (`PrivacyAccount.check_pass`).
     optimizer.account.set_route(route.counts_passes, n if route.counts_passes else None)
     _warn_weak_amplification(optimizer, route.sampler, epochs)
+    if not arrays and optimizer not in _WARNED_STREAM:
+        _WARNED_STREAM.add(optimizer)
+        warnings.warn(STREAM_MIXING_WARNING, UserWarning, stacklevel=3)
     return route
 
 

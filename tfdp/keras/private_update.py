@@ -26,6 +26,7 @@ from tfdp import distribute
 from tfdp.dp import clipping
 from tfdp.dp import logical_step_state
 from tfdp.dp import release_checks
+from tfdp.keras import train_step_probe
 from tfdp.keras import training_probe
 
 
@@ -67,6 +68,9 @@ def private_update(model, optimizer, per_example_loss, x, y, sample_weight=None,
     Returns:
         The predictions of the clipping forward pass (for metrics).
     """
+    # Where the batch enters the update: a replay of a subclass's train_step
+    # (`train_step_probe`) stops here with it, before anything reads it.
+    train_step_probe.intercept(optimizer, x, y, sample_weight, batch_size)
     # Weight regularizers only where the optimizer adds their (data-free)
     # gradient after the noise (`DPOptimizer.final_gradients`).
     regularized = _regularized_layers(model, optimizer.applies_weight_regularizers)

@@ -6,6 +6,7 @@ adapted state (`check_adapted_state`), listed, not refused.
 
 import time
 
+import numpy as np
 import tensorflow as tf
 
 from tfdp import dp
@@ -74,15 +75,52 @@ def check_adapted_state(model):
     return adapted_state.as_records(found)
 
 
+def preprocessed_range(preprocess, image_shape):
+    """The public range of the model's training inputs: the preprocessing's output for
+    a black and a white image.
+
+    Computed from the preprocessing alone, never from the data: a uint8
+    image of zeros and one of 255s of `image_shape` go through
+    `preprocess`, and the least and greatest output of each channel bound
+    the range (e.g. a mean/std normalisation's). The default preprocessing
+    scales to [0, 1], which the probe always draws from.
+
+    Args:
+        preprocess: `fn(image, seed)` or `fn(image)`, or None (the default).
+        image_shape: tuple. `[H, W, C]` of the images.
+
+    Returns:
+        `(low, high)`, one value per channel each, or None (the default, or
+        a preprocessing that does not take a decoded image).
+    """
+    if preprocess is None:
+        return None
+    outputs = []
+    for value in (0, 255):
+        image = tf.fill(tuple(image_shape), tf.constant(value, tf.uint8))
+        try:
+            try:
+                out = preprocess(image, tf.zeros([2], tf.int64))
+            except TypeError:  # A deterministic `fn(image)`.
+                out = preprocess(image)
+        except (TypeError, ValueError, tf.errors.OpError):
+            return None
+        out = np.asarray(out, np.float64)
+        outputs.append(out.reshape(-1, out.shape[-1]))
+    both = np.concatenate(outputs)
+    return tuple(both.min(axis=0)), tuple(both.max(axis=0))
+
+
 def check_sensitivity(model, info, examples, *, l2_norm_clip, method, weight_decay,
-                      augmentation_multiplicity):
+                      augmentation_multiplicity, input_range=None):
     """The training probe (`tfdp.dp.sensitivity.probe_training`), logged; its figure.
 
     On a batch of `examples` distinct random images (no training data), with
     the loss of training: refuses a layer or the loss when they mix
     examples, or when one example (one group of `augmentation_multiplicity`
     rows: a user under `privacy_unit="user"`) moves the clipped sum by more
-    than C·(1 + 1e-4).
+    than C·(1 + 1e-4). The layers are probed on batches of the standard
+    normal, the typical ranges of image data, and `input_range`.
 
     Args:
         model: keras.Model.
@@ -94,16 +132,21 @@ def check_sensitivity(model, info, examples, *, l2_norm_clip, method, weight_dec
         method: str. The clipping method (`tfdp.dp.resolve_method`).
         weight_decay: float. In-loss L2.
         augmentation_multiplicity: int. Rows per group.
+        input_range: `(low, high)` or None. The public range of the model's
+            inputs (`preprocessed_range`). Defaults to None.
     """
     start = time.time()
     k = int(augmentation_multiplicity)
     batch = sensitivity.synthetic_batch(
         model, examples, info.image_shape, "float32", num_classes=info.num_classes,
         augmentation_multiplicity=k)
-    resolved = dp.resolve_method(model, method, batch[0])
+    # Resolved after the probe, which probes the layers (with `input_range`)
+    # first; the method's own probe then reuses that report.
     figure = sensitivity.probe_training(
-        model, evaluation.per_example_loss, batch, l2_norm_clip, resolved,
+        model, evaluation.per_example_loss, batch, l2_norm_clip, method,
+        input_ranges=[input_range] if input_range is not None else None,
         weight_decay=weight_decay, augmentation_multiplicity=k)
+    resolved = dp.resolve_method(model, method, batch[0])
     reporting.log(
         f"sensitivity probe: largest leave-one-out contribution {figure:.6f}·C "
         f"(method={resolved}, physical batch of {int(batch[0].shape[0]) // k}, "
@@ -125,12 +168,13 @@ def probe_settings(engine, *, method, weight_decay, augmentation_multiplicity, g
                                  group_size=group_size)
 
 
-def check_before_training(model, info, batching, settings):
+def check_before_training(model, info, batching, settings, preprocess=None):
     """The checks of a private run before its first step; the adapted state's records.
 
     Logs the state the model holds that ε does not cover
     (`check_adapted_state`), and probes the sensitivity at the batch each
-    replica trains on (`check_sensitivity`).
+    replica trains on (`check_sensitivity`), also on the range of the
+    training preprocessing's outputs (`preprocessed_range`).
 
     Args:
         model: keras.Model.
@@ -138,6 +182,8 @@ def check_before_training(model, info, batching, settings):
         batching: `tfdp.training.run_contract.Batching`.
         settings: dict or None. `probe_settings`; None (a non-private run)
             checks nothing.
+        preprocess: the training preprocessing `fn(image, seed)`, or None
+            (the default). Defaults to None.
 
     Returns:
         `check_adapted_state`'s records, or None for a non-private run.
@@ -145,5 +191,6 @@ def check_before_training(model, info, batching, settings):
     if settings is None:
         return None
     adapted = check_adapted_state(model)
-    check_sensitivity(model, info, batching.replica_batch_size // batching.group_size, **settings)
+    check_sensitivity(model, info, batching.replica_batch_size // batching.group_size,
+                      input_range=preprocessed_range(preprocess, info.image_shape), **settings)
     return adapted
