@@ -61,6 +61,12 @@ class DPSGDConfig:
             std σC, the same ε, at several times the noise draw's time per
             logical step (docs/PRIVACY.md, "Floating-point noise").
             Defaults to False.
+        clipping: str. How each unit's gradient g is bounded: "standard",
+            min(1, C/‖g‖)·g; or "automatic" (Bu et al. 2023, AUTO-S),
+            C·g/(‖g‖ + γ), of norm below C, so the same sensitivity and ε,
+            and C only scales the update. Defaults to "standard".
+        clipping_gamma: float. γ > 0 of automatic clipping. Defaults to
+            0.01, the paper's.
 
     Example:
 
@@ -81,6 +87,8 @@ class DPSGDConfig:
     bands: int = 1
     band_coefficients: object = None
     hardened_noise: bool = False
+    clipping: str = "standard"
+    clipping_gamma: float = validation.DEFAULT_CLIPPING_GAMMA
 
     def __post_init__(self):
         def set_field(name, value):  # The dataclass is frozen.
@@ -102,6 +110,8 @@ class DPSGDConfig:
             set_field("noise_multiplier",
                       validation.validate_noise_multiplier(self.noise_multiplier))
         set_field("hardened_noise", validation.validate_hardened_noise(self.hardened_noise))
+        validation.validate_clipping(self.clipping)
+        set_field("clipping_gamma", validation.validate_clipping_gamma(self.clipping_gamma))
         self._check_unit()
         self._check_bands(set_field)
         if self.sampler is not None:

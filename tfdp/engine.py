@@ -110,7 +110,7 @@ class DPEngine:
         The probe leaves one privacy unit out: the K augmentations of an
         example, or the k rows of a user (`group_size`).
         """
-        return dict(l2_norm_clip=self.l2_norm_clip, method=method, weight_decay=weight_decay,
+        return dict(self.mechanism.clip_settings(), method=method, weight_decay=weight_decay,
                     augmentation_multiplicity=augmentation_multiplicity * group_size)
 
     def __repr__(self):

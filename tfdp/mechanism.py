@@ -76,6 +76,9 @@ class DPSGD:
             root (at bands=1, DP-SGD). Defaults to None.
         hardened_noise: bool. Noise hardened against floating-point attacks
             (`tfdp.DPSGDConfig`). Defaults to False.
+        clipping: str. "standard" or "automatic" (`tfdp.DPSGDConfig`).
+            Defaults to "standard".
+        clipping_gamma: float. γ of automatic clipping. Defaults to 0.01.
     """
 
     def __init__(
@@ -93,6 +96,8 @@ class DPSGD:
         insecure_reproducible_seed=None,
         band_coefficients=None,
         hardened_noise=False,
+        clipping="standard",
+        clipping_gamma=validation.DEFAULT_CLIPPING_GAMMA,
     ):
         # The users' constructor: the request part becomes a `DPSGDConfig`
         # (validated there), then it is bound as tfdp's routes bind theirs.
@@ -107,7 +112,8 @@ class DPSGD:
             accountant=accountant, privacy_unit=unit,
             max_examples_per_user=sampler.group_size if unit != "example" else None,
             bands=sampler.bands if sampler is not None else 1,
-            band_coefficients=band_coefficients, hardened_noise=hardened_noise)
+            band_coefficients=band_coefficients, hardened_noise=hardened_noise,
+            clipping=clipping, clipping_gamma=clipping_gamma)
         self._bind(config, sampler=sampler, steps=steps,
                    expected_batch_size=expected_batch_size,
                    secret_key=secret_key_lib.SecretKey.resolve(
@@ -165,6 +171,8 @@ class DPSGD:
         self.bands = config.bands
         self.band_coefficients = config.strategy_coefficients
         self.hardened_noise = config.hardened_noise
+        self.clipping = config.clipping
+        self.clipping_gamma = config.clipping_gamma
         if sampler is not None:
             accounting.check_supported(config.accountant, sampler)
         self.target_epsilon = config.target_epsilon
@@ -217,6 +225,15 @@ class DPSGD:
     # ------------------------------------------------------------------
     # Accounting.
     # ------------------------------------------------------------------
+
+    def clip_settings(self):
+        """C and its rule, as `tfdp.dp.clipped_grad_sum` takes them (keyword arguments).
+
+        Every route clips with these, so that what it clips is what the
+        contract's sensitivity assumes.
+        """
+        return dict(l2_norm_clip=self.l2_norm_clip, clipping=self.clipping,
+                    clipping_gamma=self.clipping_gamma)
 
     def _require_sampler(self, what):
         if self.sampler is None:
@@ -316,6 +333,7 @@ class DPSGD:
                 f"{' (calibrated)' if self.calibrated else ''} delta={self.delta:g} "
                 f"{f'bands={self.bands} ' if self.bands > 1 else ''}"
                 f"{'hardened_noise ' if self.hardened_noise else ''}"
+                f"{f'clipping=automatic(gamma={self.clipping_gamma:g}) ' if self.clipping == 'automatic' else ''}"
                 f"accountant={self.accountant} {sampler} "
                 f"key={'secret' if self.secret_key.is_secret else 'INSECURE'}")
 

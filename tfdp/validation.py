@@ -113,6 +113,32 @@ def validate_hardened_noise(hardened_noise):
     return bool(hardened_noise)
 
 
+CLIPPING_RULES = ("standard", "automatic")
+# Bu et al. 2023 ("Automatic clipping", AUTO-S): γ = 0.01 in every experiment.
+DEFAULT_CLIPPING_GAMMA = 0.01
+
+
+def validate_clipping(clipping):
+    """How each unit's gradient is bounded: "standard" or "automatic".
+
+    "standard" scales g by min(1, C/‖g‖); "automatic" by C/(‖g‖ + γ)
+    (`tfdp.dp.clipping.clip_coefficients`). Both bound the contribution by C.
+    """
+    if clipping not in CLIPPING_RULES:
+        raise ValueError(
+            f"clipping must be one of {CLIPPING_RULES}. Received: clipping={clipping!r}")
+    return clipping
+
+
+def validate_clipping_gamma(clipping_gamma):
+    """γ of automatic clipping: a finite number > 0 (it keeps ‖g‖ + γ away from 0)."""
+    if not is_real(clipping_gamma) or not math.isfinite(clipping_gamma) or clipping_gamma <= 0:
+        raise ValueError(
+            "clipping_gamma must be a finite number > 0. "
+            f"Received: clipping_gamma={clipping_gamma!r}")
+    return float(clipping_gamma)
+
+
 def validate_expected_batch_size(expected_batch_size):
     """The divisor of the noisy sum (the expected logical batch): a finite number > 0.
 

@@ -18,7 +18,8 @@ DEFAULTS = {
         private=True, sampler="poisson", l2_norm_clip=1.0, noise_multiplier=None,
         target_epsilon=None, delta=None, accountant="rdp", privacy_unit="example",
         max_examples_per_user=None, clipping_method="auto", clipping_memory_budget_mb=None,
-        bands=1, band_coefficients="sqrt", hardened_noise=False, insecure_reproducible_seed=None),
+        bands=1, band_coefficients="sqrt", hardened_noise=False, clipping="standard",
+        clipping_gamma=0.01, insecure_reproducible_seed=None),
     training.OptimizationConfig: dict(
         epochs=10.0, logical_batch_size=256, base_lr=0.1, lr_schedule="cosine",
         warmup_epochs=0.0, weight_decay=0.0, optimizer_fn=None),

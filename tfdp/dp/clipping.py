@@ -60,17 +60,56 @@ def default_weight_decay_variables(model):
     return rules.weight_decay_variables(model)
 
 
-def clip_coefficients(norms, l2_norm_clip, mask):
-    """min(1, C/‖g_i‖), zero for padding and for non-finite gradients.
+def clip_coefficients(norms, l2_norm_clip, mask, clipping="standard",
+                      clipping_gamma=validation.DEFAULT_CLIPPING_GAMMA):
+    """Each unit's factor c_i, zero for padding and for non-finite gradients.
+
+    - "standard": c_i = min(1, C/‖g_i‖), clipping (Abadi et al. 2016).
+    - "automatic": c_i = C/(‖g_i‖ + γ), normalising (Bu et al. 2023, AUTO-S):
+      every unit contributes C·g_i/(‖g_i‖ + γ), of norm below C, so the
+      sensitivity (and ε) is that of clipping to C, and no C needs tuning
+      (it only scales the update, as the learning rate does).
 
     An example whose gradient is NaN/Inf contributes nothing: dropping one
-    example's contribution keeps the sensitivity bound.
+    example's contribution keeps the sensitivity bound. This is the one place
+    where a unit's factor is computed, for every clipping method.
+
+    Args:
+        norms: float tensor `[B]`. The units' gradient norms.
+        l2_norm_clip: float. C.
+        mask: float tensor `[B]`. 1 for real units, 0 for padding.
+        clipping: str. "standard" or "automatic". Defaults to "standard".
+        clipping_gamma: float. γ of "automatic". Defaults to 0.01.
     """
     norms = tf.convert_to_tensor(norms)
     clip = tf.cast(l2_norm_clip, norms.dtype)
-    coeffs = clip / tf.maximum(norms, clip)
+    if clipping == "automatic":
+        coeffs = clip / (norms + tf.cast(clipping_gamma, norms.dtype))
+    else:
+        coeffs = clip / tf.maximum(norms, clip)
     coeffs = tf.where(tf.math.is_finite(norms), coeffs, tf.zeros_like(coeffs))
     return coeffs * mask
+
+
+class ClipRule:
+    """C and the rule that turns a unit's norm into its factor (`clip_coefficients`).
+
+    Args:
+        l2_norm_clip: float. C > 0.
+        clipping: str. "standard" or "automatic". Defaults to "standard".
+        clipping_gamma: float. γ > 0 of "automatic". Defaults to 0.01.
+    """
+
+    def __init__(self, l2_norm_clip, clipping="standard",
+                 clipping_gamma=validation.DEFAULT_CLIPPING_GAMMA):
+        self.l2_norm_clip = validation.validate_l2_norm_clip(l2_norm_clip)
+        self.clipping = validation.validate_clipping(clipping)
+        self.clipping_gamma = validation.validate_clipping_gamma(clipping_gamma)
+
+    def coefficients(self, norms, mask):
+        """The units' factors (`clip_coefficients`)."""
+        return clip_coefficients(norms, self.l2_norm_clip, mask, self.clipping,
+                                 self.clipping_gamma)
 
 
 def uncovered_variables(model):
@@ -145,6 +184,8 @@ def clipped_grad_sum(
     weight_decay_variables=None,
     training=True,
     augmentation_multiplicity=1,
+    clipping="standard",
+    clipping_gamma=validation.DEFAULT_CLIPPING_GAMMA,
 ):
     """Sum over the batch of per-example gradients clipped to `l2_norm_clip`.
 
@@ -175,12 +216,15 @@ def clipped_grad_sum(
             Defaults to the conv and dense kernels.
         training: bool. Passed to the model call. Defaults to True.
         augmentation_multiplicity: int. Rows per example. Defaults to 1.
+        clipping: str. "standard" (min(1, C/‖g‖)) or "automatic"
+            (C/(‖g‖ + γ)); see `clip_coefficients`. Defaults to "standard".
+        clipping_gamma: float. γ of "automatic". Defaults to 0.01.
 
     Returns:
         (grads, norms): `grads` aligned with `model.trainable_variables`;
         `norms` the per-example unclipped gradient norms, shape [B].
     """
-    l2_norm_clip = validation.validate_l2_norm_clip(l2_norm_clip)
+    rule = ClipRule(l2_norm_clip, clipping, clipping_gamma)
     k = int(augmentation_multiplicity)
     if k < 1:
         raise ValueError(
@@ -197,7 +241,7 @@ def clipped_grad_sum(
         weight_decay_variables = default_weight_decay_variables(model)
     decay = _WeightDecay(weight_decay, weight_decay_variables or [])
     batch = _Batch(sample_weight, k)
-    args = (model, per_example_loss_fn, x, y, batch, l2_norm_clip, decay, training)
+    args = (model, per_example_loss_fn, x, y, batch, rule, decay, training)
     if method == "naive":
         return _naive(*args)
     if method == "vectorized":
@@ -256,7 +300,7 @@ def _naive(model, loss_fn, x, y, batch, clip, decay, training):
         # Densify: the norm of IndexedSlices values miscounts repeated ids.
         grads = [tf.convert_to_tensor(g) for g in grads]
         norm = tf.linalg.global_norm(grads)
-        coeff = clip_coefficients(norm[None], clip, mask[i : i + 1])[0]
+        coeff = clip.coefficients(norm[None], mask[i : i + 1])[0]
         sums = [s + tf.math.multiply_no_nan(g, coeff) for s, g in zip(sums, grads)]
         norms.append(norm)
     return sums, tf.stack(norms)
@@ -289,7 +333,7 @@ def _vectorized(model, loss_fn, x, y, batch, clip, decay, training):
         [tf.reduce_sum(tf.reshape(tf.square(g), [tf.shape(g)[0], -1]), 1) for g in per_example]
     )
     norms = tf.sqrt(sq)
-    coeffs = clip_coefficients(norms, clip, mask)
+    coeffs = clip.coefficients(norms, mask)
     grads = [weighted_sum(coeffs, g) for g in per_example]
     return grads, norms
 
@@ -386,13 +430,13 @@ def _second_backward(tape, losses, variables, coeffs, k):
     return {id(v): tf.convert_to_tensor(g) for v, g in zip(variables, result)}
 
 
-def _tapped(model, loss_fn, x, y, batch, l2_norm_clip, decay, training, *, method):
+def _tapped(model, loss_fn, x, y, batch, clip, decay, training, *, method):
     _check_covered(model, method)
     rules.install_taps(model)
-    return _streamed(model, loss_fn, x, y, batch, l2_norm_clip, decay, training, method=method)
+    return _streamed(model, loss_fn, x, y, batch, clip, decay, training, method=method)
 
 
-def _recorded(model, loss_fn, x, y, batch, l2_norm_clip, decay, training, *, method):
+def _recorded(model, loss_fn, x, y, batch, clip, decay, training, *, method):
     """The fallback of "ghost" and "mixed" for a batch with a non-finite example.
 
     Every layer's output gradient is asked of the tape at once and kept, so
@@ -423,7 +467,7 @@ def _recorded(model, loss_fn, x, y, batch, l2_norm_clip, decay, training, *, met
         sq_norms += _layer_sq_norms(clips[-1], decay, mask)
 
     norms = tf.sqrt(sq_norms)
-    coeffs = clip_coefficients(norms, l2_norm_clip, mask)
+    coeffs = clip.coefficients(norms, mask)
 
     def book_keeping(keep=None, skip=()):
         by_variable = {}
@@ -457,7 +501,7 @@ def _recorded(model, loss_fn, x, y, batch, l2_norm_clip, decay, training, *, met
     return result, norms
 
 
-def _streamed(model, loss_fn, x, y, batch, l2_norm_clip, decay, training, *, method):
+def _streamed(model, loss_fn, x, y, batch, clip, decay, training, *, method):
     """Norms streamed through the backward pass, layer by layer (`norm_stream`).
 
     What each layer needs for its clipped sum is kept as its output gradient
@@ -504,7 +548,7 @@ def _streamed(model, loss_fn, x, y, batch, l2_norm_clip, decay, training, *, met
         sq_norms += _layer_sq_norms(clips[-1], decay, mask)
 
     norms = tf.sqrt(sq_norms)
-    coeffs = clip_coefficients(norms, l2_norm_clip, mask)
+    coeffs = clip.coefficients(norms, mask)
 
     from_factors = [c for c in clips if book_keeping or not c.from_backward]
 
@@ -529,7 +573,7 @@ def _streamed(model, loss_fn, x, y, batch, l2_norm_clip, decay, training, *, met
         # A backward pass cannot drop a non-finite example's rows. Rare, so
         # this path recomputes with every output gradient kept.
         return _recorded(
-            model, loss_fn, x, y, batch, l2_norm_clip, decay, training, method=method
+            model, loss_fn, x, y, batch, clip, decay, training, method=method
         )[0]
 
     return tf.cond(tf.reduce_all(finite), summed, recompute), norms

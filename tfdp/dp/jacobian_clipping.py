@@ -29,11 +29,12 @@ import keras
 import tensorflow as tf
 
 from tfdp import validation
-from tfdp.dp import clipping
+from tfdp.dp import clipping as clipping_lib
 
 
 def jacobian_clipped_sum(tape, losses, variables, l2_norm_clip, *,
-                         unconnected_gradients_to_zero=False):
+                         unconnected_gradients_to_zero=False, clipping="standard",
+                         clipping_gamma=validation.DEFAULT_CLIPPING_GAMMA):
     """Σ_j clip(∇ losses[j], C) over the rows of a loss vector, from its tape.
 
     The clipping method of a loss vector recorded by a tape, with no model to
@@ -52,6 +53,9 @@ def jacobian_clipped_sum(tape, losses, variables, l2_norm_clip, *,
         unconnected_gradients_to_zero: bool. A variable that `losses` does
             not reach gets zero gradients instead of an error. Defaults to
             False.
+        clipping: str. "standard" or "automatic"
+            (`clipping.clip_coefficients`). Defaults to "standard".
+        clipping_gamma: float. γ of "automatic". Defaults to 0.01.
 
     Returns:
         `(summed, norms)`: a list of tensors shaped like `variables`, and the
@@ -64,7 +68,7 @@ def jacobian_clipped_sum(tape, losses, variables, l2_norm_clip, *,
             `unconnected_gradients_to_zero`, for a variable that `losses`
             does not reach.
     """
-    l2_norm_clip = validation.validate_l2_norm_clip(l2_norm_clip)
+    rule = clipping_lib.ClipRule(l2_norm_clip, clipping, clipping_gamma)
     losses = tf.convert_to_tensor(losses)
     if losses.shape.rank != 1:
         raise ValueError(
@@ -92,7 +96,7 @@ def jacobian_clipped_sum(tape, losses, variables, l2_norm_clip, *,
                for j in jacobians]
     norms = tf.sqrt(tf.add_n(squares))
     # min(1, C/‖g_j‖), and 0 for a non-finite row, as on every method.
-    factors = clipping.clip_coefficients(norms, l2_norm_clip, tf.ones_like(norms))
+    factors = rule.coefficients(norms, tf.ones_like(norms))
     finite = tf.math.is_finite(norms)
     summed = []
     for j in jacobians:

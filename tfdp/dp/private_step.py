@@ -255,11 +255,11 @@ class PrivateTrainStep:
             self.loss_fn,
             x,
             y,
-            l2_norm_clip=self.mechanism.l2_norm_clip,
             method=self.method,
             sample_weight=weights,
             weight_decay=self.weight_decay,
             augmentation_multiplicity=k * self.group_size,
+            **self.mechanism.clip_settings(),
         )
 
     def _grads_and_stats(self, x, y, weights):

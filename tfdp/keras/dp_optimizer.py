@@ -207,6 +207,13 @@ class DPOptimizer(keras.optimizers.Optimizer):
             on the release (docs/PRIVACY.md, "Floating-point noise"): the
             same std σ·C and ε, drawn in float64 and rounded once. Defaults
             to `False`.
+        clipping: str. How each privacy unit's gradient g is bounded:
+            "standard", min(1, C/‖g‖)·g; or "automatic" (Bu et al. 2023),
+            C·g/(‖g‖ + γ), of norm below C: the same ε, and no C to tune (it
+            scales the update like the learning rate). Defaults to
+            "standard".
+        clipping_gamma: float. γ > 0 of automatic clipping. Defaults to
+            0.01.
         num_microbatches: must be `None`: each privacy unit is clipped
             alone; use `gradient_accumulation_steps` for virtual steps.
         name: str or None. Optimizer name.
@@ -234,6 +241,8 @@ class DPOptimizer(keras.optimizers.Optimizer):
         band_coefficients=None,
         target_epsilon=None,
         hardened_noise=False,
+        clipping="standard",
+        clipping_gamma=0.01,
         num_microbatches=None,
         name=None,
         **kwargs,
@@ -250,6 +259,7 @@ class DPOptimizer(keras.optimizers.Optimizer):
             privacy_unit=privacy_unit, max_examples_per_user=max_examples_per_user,
             gradient_accumulation_steps=k, bands=bands, band_coefficients=band_coefficients,
             target_epsilon=target_epsilon, hardened_noise=hardened_noise,
+            clipping=clipping, clipping_gamma=clipping_gamma,
         )
         super().__init__(learning_rate=0.0, name=name)
         # Plain gradients handed to the wrapped optimizer directly are refused.

@@ -71,13 +71,17 @@ class MechanismBuilder:
             Defaults to None.
         hardened_noise: bool. Noise hardened against floating-point attacks
             (`tfdp.DPSGDConfig`). Defaults to False.
+        clipping: str. "standard" or "automatic" (`tfdp.DPSGDConfig`).
+            Defaults to "standard".
+        clipping_gamma: float. γ of automatic clipping. Defaults to 0.01.
     """
 
     def __init__(self, l2_norm_clip=None, noise_multiplier=None, *, mechanism=None,
                  expected_batch_size=None, insecure_reproducible_seed=None, dataset_size=None,
                  delta=None, sampler=None, accountant="rdp", privacy_unit="example",
                  max_examples_per_user=None, gradient_accumulation_steps=1, bands=1,
-                 band_coefficients=None, target_epsilon=None, hardened_noise=False):
+                 band_coefficients=None, target_epsilon=None, hardened_noise=False,
+                 clipping="standard", clipping_gamma=validation.DEFAULT_CLIPPING_GAMMA):
         self.accumulation_steps = gradient_accumulation_steps
         self.fit_route = None
         # The engine of the last route (`route_fit`); None before one.
@@ -102,7 +106,8 @@ class MechanismBuilder:
                              max_examples_per_user=max_examples_per_user,
                              bands=None if bands == 1 else bands,
                              band_coefficients=band_coefficients,
-                             target_epsilon=target_epsilon, hardened_noise=hardened_noise)
+                             target_epsilon=target_epsilon, hardened_noise=hardened_noise,
+                             clipping=clipping, clipping_gamma=clipping_gamma)
             return
         if l2_norm_clip is None or noise_multiplier is None:
             raise ValueError(
@@ -117,7 +122,7 @@ class MechanismBuilder:
             sampler=sampler, privacy_unit=privacy_unit,
             max_examples_per_user=max_examples_per_user, bands=bands,
             band_coefficients=band_coefficients, target_epsilon=target_epsilon,
-            hardened_noise=hardened_noise)
+            hardened_noise=hardened_noise, clipping=clipping, clipping_gamma=clipping_gamma)
         self.expected_batch_size = (None if expected_batch_size is None else
                                     validation.validate_expected_batch_size(expected_batch_size))
         self.dataset_size = None if dataset_size is None else int(dataset_size)
@@ -132,7 +137,9 @@ class MechanismBuilder:
             raise ValueError(
                 f"mechanism must be a tfdp.DPSGD. Received: mechanism={mechanism!r}"
             )
-        defaults = {"accountant": "rdp", "privacy_unit": "example", "hardened_noise": False}
+        defaults = {"accountant": "rdp", "privacy_unit": "example", "hardened_noise": False,
+                    "clipping": "standard",
+                    "clipping_gamma": validation.DEFAULT_CLIPPING_GAMMA}
         given = sorted(name for name, value in others.items()
                        if value is not None and value != defaults.get(name, None))
         if given:
@@ -200,6 +207,11 @@ class MechanismBuilder:
     def hardened_noise(self):
         """Whether the noise is hardened against floating-point attacks (the request's)."""
         return self.request.hardened_noise
+
+    def clip_settings(self):
+        """C and its rule (`tfdp.DPSGD.clip_settings`), from the request."""
+        return dict(l2_norm_clip=self.request.l2_norm_clip, clipping=self.request.clipping,
+                    clipping_gamma=self.request.clipping_gamma)
 
     @property
     def current(self):
@@ -413,4 +425,6 @@ class MechanismBuilder:
                                   else [float(c) for c in self.request.band_coefficients]),
             "target_epsilon": self.request.target_epsilon,
             "hardened_noise": self.hardened_noise,
+            "clipping": self.request.clipping,
+            "clipping_gamma": self.request.clipping_gamma,
         }

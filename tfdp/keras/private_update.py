@@ -121,11 +121,11 @@ def private_update(model, optimizer, per_example_loss, x, y, sample_weight=None,
         capturing_loss_fn,
         x,
         y,
-        l2_norm_clip=optimizer.l2_norm_clip,
         method=method,
         sample_weight=weights,
         weight_decay=optimizer.weight_decay,
         augmentation_multiplicity=group,
+        **optimizer.mechanism_builder.clip_settings(),
     )
     # The clipping gave the units with a NaN/Inf gradient no contribution;
     # counted for a figure not covered by ε.

@@ -86,16 +86,18 @@ def probe_shapes(model, optimizer, per_example_loss, example_spec, target_spec, 
     x_shape = tuple(8 if d is None else int(d) for d in example_spec.shape)
     y_shape = tuple(8 if d is None else int(d) for d in target_spec.shape)
     x_dtype, y_dtype = tf.as_dtype(example_spec.dtype), tf.as_dtype(target_spec.dtype)
+    clip = optimizer.mechanism_builder.clip_settings()
     key = (id(model), id(per_example_loss), rows, method, group, x_shape, x_dtype.name,
-           y_shape, y_dtype.name, optimizer.l2_norm_clip, optimizer.weight_decay)
+           y_shape, y_dtype.name, tuple(sorted(clip.items())), optimizer.weight_decay)
     def run():
         # Before the first update: state set before training (an adapted
         # Normalization's mean) is released as it is, not covered by ε.
         adapted_state.warn_adapted_state(model)
         batch = sensitivity.synthetic_batch(model, rows, x_shape, x_dtype, y_shape, y_dtype)
         sensitivity.probe_training(
-            model, per_example_loss, batch, optimizer.l2_norm_clip, method,
-            weight_decay=optimizer.weight_decay, augmentation_multiplicity=group)
+            model, per_example_loss, batch, clip["l2_norm_clip"], method,
+            weight_decay=optimizer.weight_decay, augmentation_multiplicity=group,
+            clipping=clip["clipping"], clipping_gamma=clip["clipping_gamma"])
 
     with _PROBE_LOCK:
         probed = _PROBED.setdefault(optimizer, set())

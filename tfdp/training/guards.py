@@ -112,7 +112,8 @@ def preprocessed_range(preprocess, image_shape):
 
 
 def check_sensitivity(model, info, examples, *, l2_norm_clip, method, weight_decay,
-                      augmentation_multiplicity, input_range=None):
+                      augmentation_multiplicity, input_range=None, clipping="standard",
+                      clipping_gamma=0.01):
     """The training probe (`tfdp.dp.sensitivity.probe_training`), logged; its figure.
 
     On a batch of `examples` distinct random images (no training data), with
@@ -134,6 +135,8 @@ def check_sensitivity(model, info, examples, *, l2_norm_clip, method, weight_dec
         augmentation_multiplicity: int. Rows per group.
         input_range: `(low, high)` or None. The public range of the model's
             inputs (`preprocessed_range`). Defaults to None.
+        clipping: str. The contract's rule, "standard" or "automatic".
+        clipping_gamma: float. γ of "automatic".
     """
     start = time.time()
     k = int(augmentation_multiplicity)
@@ -145,7 +148,8 @@ def check_sensitivity(model, info, examples, *, l2_norm_clip, method, weight_dec
     figure = sensitivity.probe_training(
         model, evaluation.per_example_loss, batch, l2_norm_clip, method,
         input_ranges=[input_range] if input_range is not None else None,
-        weight_decay=weight_decay, augmentation_multiplicity=k)
+        weight_decay=weight_decay, augmentation_multiplicity=k, clipping=clipping,
+        clipping_gamma=clipping_gamma)
     resolved = dp.resolve_method(model, method, batch[0])
     reporting.log(
         f"sensitivity probe: largest leave-one-out contribution {figure:.6f}·C "

@@ -97,6 +97,13 @@ class PrivacyConfig:
             "Floating-point noise"): the same std σ·C and ε, drawn in float64
             and rounded once, at several times the noise draw's cost per
             logical step. Defaults to False.
+        clipping: str. How each privacy unit's gradient g is bounded:
+            "standard", min(1, C/‖g‖)·g; or "automatic" (Bu et al. 2023,
+            AUTO-S), C·g/(‖g‖ + γ), of norm below C: the same sensitivity
+            and ε, and C only scales the update (set the learning rate for
+            an update of norm about C per example). Defaults to "standard".
+        clipping_gamma: float. γ > 0 of automatic clipping. Defaults to
+            0.01, the paper's.
         insecure_reproducible_seed: int or None. INSECURE, for tests and
             reproducible research: derive the noise and the sampling from
             this public seed instead of a secret key from the OS's entropy.
@@ -118,6 +125,8 @@ class PrivacyConfig:
     bands: int = 1
     band_coefficients: object = "sqrt"
     hardened_noise: bool = False
+    clipping: str = "standard"
+    clipping_gamma: float = 0.01
     insecure_reproducible_seed: object = None
     # The privacy request of a private run (None when non-private), made
     # and validated with this config.
@@ -129,13 +138,14 @@ class PrivacyConfig:
         object.__setattr__(self, "bands", banded_mf.validate_bands(self.bands))
         if not self.private:
             if (self.privacy_unit != "example" or self.max_examples_per_user is not None
-                    or self.bands != 1 or self.hardened_noise is not False):
+                    or self.bands != 1 or self.hardened_noise is not False
+                    or self.clipping != "standard"):
                 raise ValueError(
-                    "privacy_unit, max_examples_per_user, bands and hardened_noise are for "
-                    f"private training. Received: private=False, privacy_unit="
+                    "privacy_unit, max_examples_per_user, bands, hardened_noise and clipping "
+                    f"are for private training. Received: private=False, privacy_unit="
                     f"{self.privacy_unit!r}, max_examples_per_user="
                     f"{self.max_examples_per_user!r}, bands={self.bands!r}, "
-                    f"hardened_noise={self.hardened_noise!r}")
+                    f"hardened_noise={self.hardened_noise!r}, clipping={self.clipping!r}")
             return
         banded = self.bands > 1
         # The sampler has a form for the unit and the bands (one mapping of names).
@@ -145,7 +155,8 @@ class PrivacyConfig:
             self.l2_norm_clip, self.noise_multiplier, target_epsilon=self.target_epsilon,
             delta=self.delta, accountant=self.accountant, privacy_unit=self.privacy_unit,
             max_examples_per_user=self.max_examples_per_user, bands=self.bands,
-            band_coefficients=given if banded else None, hardened_noise=self.hardened_noise)
+            band_coefficients=given if banded else None, hardened_noise=self.hardened_noise,
+            clipping=self.clipping, clipping_gamma=self.clipping_gamma)
         object.__setattr__(self, "dpsgd_config", request)  # The dataclass is frozen.
 
     @property

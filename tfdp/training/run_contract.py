@@ -313,6 +313,11 @@ def log_run_contract(model, contract, batching, *, dataset, clipping_plan, out_d
             "noise: hardened against floating-point attacks (float64, a sum of independent "
             "draws, added on a public grid and rounded once); the same std sigma*C and "
             'epsilon (docs/PRIVACY.md, "Floating-point noise")')
+    if mechanism.clipping == "automatic":
+        reporting.log(
+            f"clipping: automatic, each unit's gradient g contributes C*g/(|g| + "
+            f"{mechanism.clipping_gamma:g}), of norm below C: the same sensitivity and "
+            "epsilon as clipping to C")
     privacy_unit_lib.log_privacy_unit(mechanism, contract.total_steps)
     privacy_unit_lib.log_kept_copies(mechanism, contract.total_steps, duplicates_kept)
     weak = samplers.weak_amplification_warning(

@@ -316,9 +316,11 @@ def clipped_batch(optimizer, loss, var_list, tape):
     # Before anything of this batch is clipped or released.
     probe(optimizer, rows, var_list)
     # The engine's clipping method of a loss vector and its tape.
+    clip = optimizer.mechanism_builder.clip_settings()
     summed, norms = jacobian_clipping.jacobian_clipped_sum(
-        tape, losses, var_list, optimizer.l2_norm_clip,
-        unconnected_gradients_to_zero=optimizer.unconnected_gradients_to_zero)
+        tape, losses, var_list, clip["l2_norm_clip"],
+        unconnected_gradients_to_zero=optimizer.unconnected_gradients_to_zero,
+        clipping=clip["clipping"], clipping_gamma=clip["clipping_gamma"])
     prepare(optimizer, rows, var_list)
     # A tape cannot drop one example alone: the batched backward pass spreads
     # one example's NaN/Inf to every row (0 · NaN), so the step would release
