@@ -250,8 +250,9 @@ def copies_claim(ledger, group_size, steps=None):
     """
     k = _group_size(group_size)
     steps = ledger.steps if steps is None else steps
-    poisson = (ledger.bands == 1 and samplers.sampler_class(ledger.sampler).amplified
-               and ledger.sampler in ("poisson", "user_poisson"))
+    # The amplified samplers without bands draw by Poisson sampling (of
+    # examples or users), which `group_epsilon`'s conversions are proved for.
+    poisson = ledger.bands == 1 and samplers.sampler_class(ledger.sampler).amplified
     if poisson:
         sigma, q = ledger.effective_noise_multiplier, ledger.sampling_rate
         group = group_epsilon(sigma, steps, ledger.delta, k, sampling_rate=q,
