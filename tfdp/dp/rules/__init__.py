@@ -16,6 +16,7 @@ from tfdp.dp.rules.registry import Rule
 from tfdp.dp.rules.registry import TAPPED_METHODS
 from tfdp.dp.rules.registry import install_taps
 from tfdp.dp.rules.registry import notes
+from tfdp.dp.rules.registry import offset_variables
 from tfdp.dp.rules.registry import register_rule
 from tfdp.dp.rules.registry import rule_for
 from tfdp.dp.rules.registry import weight_decay_variables

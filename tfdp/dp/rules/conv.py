@@ -368,7 +368,7 @@ class Conv2DRule(linear.LinearRule):
             recorder = layer_taps.active_recorder()
             if recorder is None:
                 return original(inputs, *args, **kwargs)
-            if recorder.mode == "vectorized":
+            if recorder.mode == "vectorized" and registry.trains(layer, layer.kernel):
                 pre = vectorizable_conv(layer, inputs, layer.kernel)
             else:
                 pre = layer.convolution_op(inputs, layer.kernel)
@@ -438,6 +438,14 @@ class ConvRule(generic.InstantiatingRule):
     def decays(self, layer, variable):
         return variable is layer.kernel
 
+    def is_offset(self, layer, variable):
+        return variable is getattr(layer, "bias", None)
+
+    def cost(self, layer, records, method, batch_size):
+        if not registry.trains(layer, layer.kernel):
+            return registry.offsets_only_cost(layer, 0, 0, 0, batch_size)
+        return super().cost(layer, records, method, batch_size)
+
     def tapped_call(self, layer, original):
         def call(inputs, *args, **kwargs):
             recorder = layer_taps.active_recorder()
@@ -457,9 +465,15 @@ class ConvRule(generic.InstantiatingRule):
 
     def per_example_grads(self, layer, records, output_grads, variables):
         kernel_shape = layer.kernel.shape
+        # A frozen kernel (the bias alone trains) needs no backprop per row.
+        wants_kernel = any(v is layer.kernel for v in variables)
         total_kernel, total_bias = None, None
         for record, grad in zip(records, output_grads):
             x, g = tf.cast(record.inputs, tf.float32), tf.cast(grad, tf.float32)
+            bias = tf.reduce_sum(tf.reshape(g, [tf.shape(g)[0], -1, g.shape[-1]]), 1)
+            total_bias = bias if total_bias is None else total_bias + bias
+            if not wants_kernel:
+                continue
             zeros = tf.zeros(kernel_shape, tf.float32)
 
             def one_row(pair, zeros=zeros):
@@ -484,7 +498,5 @@ class ConvRule(generic.InstantiatingRule):
                 # parallel_iterations bounds how many rows' work is in flight at once.
                 kernel = tf.map_fn(one_row, (x, g), fn_output_signature=tf.float32,
                                    parallel_iterations=4)
-            bias = tf.reduce_sum(tf.reshape(g, [tf.shape(g)[0], -1, g.shape[-1]]), 1)
             total_kernel = kernel if total_kernel is None else total_kernel + kernel
-            total_bias = bias if total_bias is None else total_bias + bias
         return [total_kernel if v is layer.kernel else total_bias for v in variables]

@@ -281,8 +281,11 @@ class DepthwiseClip(registry.LayerClip):
         kernel_shape = self.depthwise_kernel.shape
         self.depthwise_mode = depthwise_norm_mode(
             _positions(records), kernel_shape, rows=context.k * len(records))
-        if self.depthwise_mode == layer_grads.GHOST:
-            self.per_example = None
+        self.per_example = None
+        if not registry.trains(layer, self.depthwise_kernel):
+            # Frozen: no per-example depthwise gradients, nor their ghost norm.
+            self.depthwise_mode = None
+        elif self.depthwise_mode == layer_grads.GHOST:
             self.depthwise_factors = DepthwiseGhostFactors(
                 layer, inputs[0], depthwise_grads[0], kernel_shape)
         else:
@@ -291,8 +294,9 @@ class DepthwiseClip(registry.LayerClip):
         # A ghost norm's sum may come from a second backward pass, which then
         # forms the layer's other sums too: the same arithmetic as their
         # norms, from the same recorded ops.
+        pointwise_trains = self.separable and registry.trains(layer, layer.pointwise_kernel)
         ghost = layer_grads.GHOST in (self.depthwise_mode,
-                                      self.mode if self.separable else None)
+                                      self.mode if pointwise_trains else None)
         self.from_backward = registry.is_float32(layer) and ghost
 
     def _role(self, variable):
@@ -379,12 +383,18 @@ class DepthwiseConvRule(registry.Rule):
     def decays(self, layer, variable):
         return variable is not getattr(layer, "bias", None)
 
+    def is_offset(self, layer, variable):
+        return variable is getattr(layer, "bias", None)
+
     def clip(self, layer, records, output_grads, context):
         return DepthwiseClip(layer, records, output_grads, context)
 
     def cost(self, layer, records, method, batch_size):
         t = _positions(records)
         separable = isinstance(layer, keras.layers.SeparableConv2D)
+        kernels = [layer.depthwise_kernel, layer.pointwise_kernel] if separable else [layer.kernel]
+        if not any(registry.trains(layer, kernel) for kernel in kernels):
+            return registry.offsets_only_cost(layer, t, 0, 0, batch_size)
         kernel = layer.depthwise_kernel if separable else layer.kernel
         kh, kw, channels, mult = (int(n) for n in kernel.shape)
         tapped = method in registry.TAPPED_METHODS

@@ -102,5 +102,10 @@ class GenericRule(InstantiatingRule):
         return isinstance(layer, _KERNEL_LAYERS) and any(
             variable is getattr(layer, name, None) for name in _KERNEL_NAMES)
 
+    def is_offset(self, layer, variable):
+        # A variable the layer calls its bias (Keras's convention: transposed
+        # convs, grouped convs, a custom layer's `self.bias`).
+        return variable is getattr(layer, "bias", None)
+
     def per_example_grads(self, layer, records, output_grads, variables):
         return generic_per_example_grads(layer, records, output_grads, variables)

@@ -28,9 +28,12 @@ class LinearClip(registry.LayerClip):
         # small by the layer-wise rule or bk's exception), so a second
         # backward pass need not reach this layer. Under mixed precision that
         # pass would compute U_iᵀ G_i in bfloat16 while the norm is float32:
-        # the sum then comes from here too.
+        # the sum then comes from here too. With the kernel frozen, only the
+        # bias's [B, p] per-example gradients are formed (U is never
+        # unfolded), and its sum comes from them.
         self.from_backward = (
             registry.is_float32(layer) and self.mode == layer_grads.GHOST
+            and registry.trains(layer, layer.kernel)
         )
 
     def _is_kernel(self, variable):
@@ -70,8 +73,13 @@ class LinearRule(registry.Rule):
     def clip(self, layer, records, output_grads, context):
         return LinearClip(self, layer, records, output_grads, context)
 
+    def is_offset(self, layer, variable):
+        return variable is getattr(layer, "bias", None)
+
     def cost(self, layer, records, method, batch_size):
         t, p, d = self.dims(layer, records)
+        if not registry.trains(layer, layer.kernel):
+            return registry.offsets_only_cost(layer, t, p, d, batch_size)
         ghost_kept = self.ghost_kept_floats(layer, records)
         if method in registry.TAPPED_METHODS:
             mode = layer_grads.linear_norm_mode(t, p, d, method, ghost_kept)

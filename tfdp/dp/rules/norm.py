@@ -145,6 +145,9 @@ class NormRule(generic.InstantiatingRule):
             and isinstance(layer.axis, list)
         )
 
+    def is_offset(self, layer, variable):
+        return variable is getattr(layer, "beta", None)
+
     def per_example_grads(self, layer, records, output_grads, variables):
         gamma = getattr(layer, "gamma", None)
         beta = getattr(layer, "beta", None)

@@ -13,6 +13,7 @@ helper.
 """
 
 import dataclasses
+import math
 
 import tensorflow as tf
 
@@ -99,6 +100,65 @@ def weight_decay_variables(model, trainable_only=True):
                 seen.add(id(v))
                 found.append(v)
     return found
+
+
+def offset_variables(model):
+    """The additive offsets of `model`: biases and normalisation β.
+
+    Each layer's rule answers for its own variables (`Rule.is_offset`).
+    Bias-term fine-tuning (`tfdp.finetune.bitfit`) trains these alone,
+    besides the head. A frozen layer's offsets are left out, and so are a
+    BatchNormalization's: its β trains only with the layer, which would then
+    normalise with batch statistics.
+
+    Args:
+        model: keras.Model. Nested models and layers are searched.
+
+    Returns:
+        list of (layer, variable), in layer order, each variable once.
+    """
+    found = []
+    seen = set()
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        if not layer.trainable:
+            continue
+        variables = layer_taps.own_variables(layer)
+        if not variables:
+            continue
+        rule = rule_for(layer)
+        for v in variables:
+            if id(v) not in seen and rule.is_offset(layer, v):
+                seen.add(id(v))
+                found.append((layer, v))
+    return found
+
+
+def trains(layer, variable):
+    """Whether `variable` is one of `layer`'s own trainable variables.
+
+    A rule asks before working on a variable: a kernel frozen while its bias
+    trains (`tfdp.finetune.bitfit`) needs no per-example gradient, norm or
+    sum.
+    """
+    return any(v is variable for v in layer_taps.own_trainable_variables(layer))
+
+
+def offsets_only_cost(layer, t, p, d, batch_size):
+    """The `Cost` of a layer whose trainable variables are all offsets.
+
+    An offset added at every position has the per-example gradient Σ_t G_i,
+    a few floats per example, computed from the output gradient alone: none
+    of the frozen kernel's ghost-norm or per-example work.
+
+    Args:
+        layer: keras.layers.Layer. The layer.
+        t, p, d: int. Its dimensions, as the rule reports them.
+        batch_size: int. The physical batch size.
+    """
+    floats = sum(math.prod(int(n) for n in v.shape)
+                 for v in layer_taps.own_trainable_variables(layer))
+    memory = batch_size * floats * BYTES
+    return Cost(t, p, d, layer_grads.INSTANTIATE, memory, memory, why="kernel frozen: bias only")
 
 
 def notes(model):
@@ -259,8 +319,10 @@ class Rule:
     Subclasses set `name` (shown in plans) and override `clip` and `cost`;
     `applies` narrows the registered classes (e.g. to an unmodified `call`),
     `tapped_call` records what `clip` needs, `decays` says which variables
-    take weight decay by default, and `check` and `note` refuse or remark on
-    a layer (also one without trainable variables).
+    take weight decay by default, `is_offset` which are biases, and `check`
+    and `note` refuse or remark on a layer (also one without trainable
+    variables). `clip` and `cost` cover the layer's trainable variables
+    only (`trains`): a frozen variable costs nothing.
     """
 
     name = "rule"
@@ -278,6 +340,13 @@ class Rule:
 
     def decays(self, layer, variable):
         """Whether in-loss weight decay applies to `variable` by default."""
+        return False
+
+    def is_offset(self, layer, variable):
+        """Whether `variable` is an additive offset (a bias, a normalisation β).
+
+        What bias-term fine-tuning trains (`offset_variables`).
+        """
         return False
 
     def tapped_call(self, layer, original):
