@@ -13,6 +13,7 @@ _LAZY = {
       "privacy": "tfdp.privacy",
       "layers": "tfdp.layers",
       "models": "tfdp.models",
+      "finetune": "tfdp.finetune",
       "data": "tfdp.data",
       "optim": "tfdp.optim",
       "keras": "tfdp.keras",
