@@ -107,7 +107,8 @@ class EngineTest(tf.test.TestCase):
         self.assertEqual(engine.budget_steps(40), direct.budget_steps(40))
         settings = engine.probe_settings(method="bk", weight_decay=0.0,
                                          augmentation_multiplicity=2, group_size=3)
-        self.assertEqual(settings, dict(l2_norm_clip=CLIP, method="bk", weight_decay=0.0,
+        self.assertEqual(settings, dict(l2_norm_clip=CLIP, clipping="standard",
+                                        clipping_gamma=0.01, method="bk", weight_decay=0.0,
                                         augmentation_multiplicity=6))
         resumed = engine.with_key(secret_key.SecretKey.insecure_from_seed(SEED + 1))
         self.assertEqual(resumed.noise_multiplier, engine.noise_multiplier)
