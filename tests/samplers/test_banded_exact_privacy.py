@@ -20,13 +20,15 @@ from tfdp import samplers
 
 DELTA = 1e-5
 # (declared N, B, b, T, σ, coefficients): q = b·B / N.
+# Three steps integrate over a 3-D grid: seconds a case, so under `slow`.
+_SLOW = pytest.mark.slow
 CASES = [
     (4, 2, 2, 2, 0.5, (1.0, 0.0)),  # q = 1
     (4, 1, 2, 2, 0.7, (0.8, 0.6)),  # q = 0.5
-    (8, 2, 2, 3, 1.0, (0.8, 0.6)),  # q = 0.5, a unit in two steps of three
-    (6, 1, 3, 3, 0.7, (0.8, 0.48, 0.36)),  # q = 0.5
+    pytest.param((8, 2, 2, 3, 1.0, (0.8, 0.6)), marks=_SLOW),  # a unit in two steps of three
+    pytest.param((6, 1, 3, 3, 0.7, (0.8, 0.48, 0.36)), marks=_SLOW),  # q = 0.5
     (6, 1, 3, 2, 0.6, (0.9, 0.3, 0.3)),  # T < b: group 2 never drawn
-    (8, 1, 4, 3, 0.8, (0.9, 0.3, 0.2, 0.2)),  # q = 0.5, T < b
+    pytest.param((8, 1, 4, 3, 0.8, (0.9, 0.3, 0.2, 0.2)), marks=_SLOW),  # q = 0.5, T < b
 ]
 # The other units' clipped contributions (C = 1); the added unit's is +1.
 OTHERS = {"zero": 0.0, "minus": -1.0, "plus": 1.0}
