@@ -113,6 +113,23 @@ def validate_hardened_noise(hardened_noise):
     return bool(hardened_noise)
 
 
+DUPLICATES_POLICIES = ("refuse", "keep")
+
+
+def validate_duplicates(duplicates):
+    """What to do with exact copies in the training data: "refuse" or "keep".
+
+    "keep" trains on rows that share their content as distinct records
+    (`tfdp.data.duplicates`).
+    """
+    if duplicates not in DUPLICATES_POLICIES:
+        raise ValueError(
+            f"duplicates must be one of {DUPLICATES_POLICIES}: 'keep' trains on rows that "
+            "share their content, as distinct records. Received: "
+            f"duplicates={duplicates!r}")
+    return duplicates
+
+
 CLIPPING_RULES = ("standard", "automatic")
 # Bu et al. 2023 ("Automatic clipping", AUTO-S): γ = 0.01 in every experiment.
 DEFAULT_CLIPPING_GAMMA = 0.01

@@ -51,6 +51,7 @@ import hashlib
 
 import numpy as np
 
+from tfdp import validation
 from tfdp.data import progress as progress_lib
 from tfdp.data import validation as validation_lib
 
@@ -63,19 +64,10 @@ DEDUPLICATE = (
     "content, pass duplicates='keep'.")
 
 
-REFUSE = "refuse"
-KEEP = "keep"
-POLICIES = (REFUSE, KEEP)
-
-
-def validate_policy(duplicates):
-    """`duplicates` checked: "refuse" (the default) or "keep"."""
-    if duplicates not in POLICIES:
-        raise ValueError(
-            f"duplicates must be one of {POLICIES}: 'keep' trains on rows that share their "
-            "content, as distinct records. Received: "
-            f"duplicates={duplicates!r}")
-    return duplicates
+REFUSE, KEEP = validation.DUPLICATES_POLICIES
+POLICIES = validation.DUPLICATES_POLICIES
+# `duplicates` checked: "refuse" (the default) or "keep".
+validate_policy = validation.validate_duplicates
 
 
 @dataclasses.dataclass(frozen=True)

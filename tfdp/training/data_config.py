@@ -5,7 +5,6 @@ import dataclasses
 import gin
 
 from tfdp import validation
-from tfdp.data import duplicates as duplicates_lib
 
 
 @gin.configurable(module="tfdp.training")
@@ -54,7 +53,7 @@ class DataConfig:
     duplicates: str = "refuse"
 
     def __post_init__(self):
-        duplicates_lib.validate_policy(self.duplicates)
+        validation.validate_duplicates(self.duplicates)
         k = self.augmentation_multiplicity
         if not validation.is_int(k) or k < 1:
             raise ValueError(
