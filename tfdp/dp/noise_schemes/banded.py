@@ -17,7 +17,6 @@ import tensorflow as tf
 
 from tfdp.dp import noise as noise_lib
 from tfdp.dp.noise_schemes import base
-from tfdp.privacy import banded_mf
 
 
 @base.register
@@ -43,7 +42,6 @@ class BandedNoise(base.NoiseScheme):
 
     name = "banded"
     checkpoint_state = True
-    event_function = staticmethod(banded_mf.amplified_dp_event)
 
     def __init__(self, coefficients, *, hardened_noise=False):
         super().__init__(hardened_noise=hardened_noise)
@@ -111,19 +109,9 @@ class BandedNoise(base.NoiseScheme):
             noises.append(noise)
         return noises
 
-    def dp_event(self, sampler, noise_multiplier, steps):
-        """The sampler's event, when its units' steps are at least b apart.
-
-        Raises:
-            ValueError: for a sampler whose steps can hold a unit less than
-                b steps apart (its event would not account the correlation).
-        """
-        if sampler.bands < self.bands:
-            raise ValueError(
-                f"A {self.bands}-banded strategy is accounted over a sampler whose units' "
-                f"steps are at least {self.bands} apart (e.g. 'banded_poisson'). Received: "
-                f"sampler={sampler.name!r} with bands={sampler.bands}")
-        return sampler.dp_event(noise_multiplier, steps)
+    def accounting_options(self):
+        """The strategy's b: the sampler must keep each unit's steps b apart."""
+        return {"bands": self.bands}
 
     def __repr__(self):
         hardened = ", hardened_noise=True" if self.hardened_noise else ""

@@ -7,15 +7,16 @@ summed clipped gradients:
   of the scheme's state where it has one;
 - its state across steps: its shape per variable, its initial value, and
   whether it belongs in the training checkpoints;
-- its accounting: the DP event of a number of steps (where the engine can
-  form it from the sampler), and the accounting function of `tfdp.privacy`
-  or `tfdp.samplers` it uses (`event_function`).
+- its accounting options: what `tfdp.privacy.noise_accounting`, where each
+  scheme's accounting is written without TensorFlow, needs of it to form
+  the DP event of a number of steps (`accounting_options`).
 
 `tfdp.dp.NoisyAggregator` owns the rest of the step (accumulating, the
 replicas' split of the std, an empty step, the divisor) and asks its scheme
 for the noise; it never branches on the scheme. Adding a scheme is one
 module in this package with one subclass, registered with `@register`
-(importing the package imports every module in it).
+(importing the package imports every module in it), and its accounting
+registered in `tfdp.privacy.noise_accounting`.
 """
 
 import abc
@@ -24,6 +25,7 @@ import tensorflow as tf
 
 from tfdp import validation
 from tfdp.dp import noise as noise_lib
+from tfdp.privacy import noise_accounting
 
 _REGISTRY = {}
 
@@ -38,12 +40,19 @@ def register(cls):
         `cls`.
 
     Raises:
-        ValueError: if `cls` is no `NoiseScheme`, or its name is empty or taken.
+        ValueError: if `cls` is no `NoiseScheme`, its name is empty or taken,
+            or no accounting is registered for it
+            (`tfdp.privacy.noise_accounting.register`).
     """
     if not (isinstance(cls, type) and issubclass(cls, NoiseScheme)):
         raise ValueError(f"Only a NoiseScheme subclass can be registered. Received: {cls!r}")
     if not cls.name or cls.name in _REGISTRY:
         raise ValueError(f"A noise scheme needs a new, unique name. Received: name={cls.name!r}")
+    if cls.name not in noise_accounting.names():
+        raise ValueError(
+            "A noise scheme needs its accounting, registered in "
+            "tfdp.privacy.noise_accounting under the same name. Received: "
+            f"name={cls.name!r}")
     _REGISTRY[cls.name] = cls
     return cls
 
@@ -95,9 +104,6 @@ class NoiseScheme(abc.ABC):
     # the Keras route keeps it in memory only. Never in a model or optimizer
     # save: a state of past noise is as secret as the key.
     checkpoint_state = False
-    # The accounting function of `tfdp.privacy` or `tfdp.samplers` that
-    # accounts the scheme, or None where the sampler's own event does.
-    event_function = None
 
     def __init__(self, *, hardened_noise=False):
         self.hardened_noise = validation.validate_hardened_noise(hardened_noise)
@@ -201,11 +207,20 @@ class NoiseScheme(abc.ABC):
         noise = self.noise(sums, stddev=stddev, noise_key=noise_key, step=step, state=state)
         return noise_lib.release(sums, noise, stddev, divisor, self.hardened_noise)
 
+    def accounting_options(self):
+        """What the scheme's accounting needs of it (`tfdp.privacy.noise_accounting`).
+
+        Returns:
+            dict: keyword arguments of `SchemeAccounting.dp_event`; none by
+            default.
+        """
+        return {}
+
     def dp_event(self, sampler, noise_multiplier, steps):
         """The `DpEvent` of `steps` logical steps drawn by `sampler`.
 
-        By default each step's noise is independent: the sampler's own event
-        (`tfdp.samplers.Sampler.dp_event`, amplified by its sampling).
+        The scheme's registered accounting (`tfdp.privacy.noise_accounting`),
+        the one the ledger uses: e.g. the sampler's own event for DP-SGD.
 
         Args:
             sampler: `tfdp.samplers.Sampler`. How the steps were drawn.
@@ -215,7 +230,8 @@ class NoiseScheme(abc.ABC):
         Returns:
             A `dp_accounting.DpEvent`.
         """
-        return sampler.dp_event(noise_multiplier, steps)
+        return noise_accounting.dp_event(self.name, sampler, noise_multiplier, steps,
+                                         **self.accounting_options())
 
     def __repr__(self):
         return f"{type(self).__name__}({'hardened_noise=True' if self.hardened_noise else ''})"

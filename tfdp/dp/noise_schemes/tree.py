@@ -145,7 +145,6 @@ class TreeNoise(base.NoiseScheme):
     """
 
     name = "tree"
-    event_function = staticmethod(tree_aggregation.tree_dp_event)
 
     def __init__(self, restarts, leaves_per_step=1, *, hardened_noise=False):
         super().__init__(hardened_noise=hardened_noise)
@@ -173,16 +172,9 @@ class TreeNoise(base.NoiseScheme):
         return step_noise(like, stddev, noise_key, step, self.restarts, self.leaves_per_step,
                           self.hardened_noise)
 
-    def dp_event(self, sampler, noise_multiplier, steps):
-        """`tree_dp_event` of `steps` steps of k leaves over `sampler`'s N // B batches.
-
-        As `TreeAggregationLedger.dp_event` (zero-out adjacency): the
-        restarts and a pass count leaves.
-        """
-        k = self.leaves_per_step
-        steps_per_epoch = sampler.dataset_size // sampler.logical_batch_size
-        return tree_aggregation.tree_dp_event(
-            noise_multiplier, int(steps) * k, steps_per_epoch * k, self.restarts)
+    def accounting_options(self):
+        """The restarts and the leaves per step, which the tree's event counts in leaves."""
+        return {"restarts": self.restarts, "leaves_per_step": self.leaves_per_step}
 
     def __repr__(self):
         hardened = ", hardened_noise=True" if self.hardened_noise else ""
