@@ -6,6 +6,7 @@ from tfdp import samplers
 from tfdp import validation
 from tfdp.privacy import accounting
 from tfdp.privacy import banded_mf
+from tfdp.privacy import noise_accounting
 
 
 def privacy_units():
@@ -67,6 +68,11 @@ class DPSGDConfig:
             and C only scales the update. Defaults to "standard".
         clipping_gamma: float. γ > 0 of automatic clipping. Defaults to
             0.01, the paper's.
+        noise_scheme: str or None. The noise a logical step releases: a
+            noise scheme registered in `tfdp.dp.noise_schemes` with its
+            accounting in `tfdp.privacy.noise_accounting`, e.g. "gaussian"
+            (DP-SGD) or "banded" (needs bands > 1). None: "banded" at
+            bands > 1, else "gaussian". Defaults to None.
 
     Example:
 
@@ -89,6 +95,7 @@ class DPSGDConfig:
     hardened_noise: bool = False
     clipping: str = "standard"
     clipping_gamma: float = validation.DEFAULT_CLIPPING_GAMMA
+    noise_scheme: object = None
 
     def __post_init__(self):
         def set_field(name, value):  # The dataclass is frozen.
@@ -114,6 +121,8 @@ class DPSGDConfig:
         set_field("clipping_gamma", validation.validate_clipping_gamma(self.clipping_gamma))
         self._check_unit()
         self._check_bands(set_field)
+        set_field("noise_scheme",
+                  noise_accounting.validate_noise_scheme(self.noise_scheme, self.bands))
         if self.sampler is not None:
             unit = samplers.sampler_class(self.sampler).privacy_unit  # Unknown names raise.
             if unit != self.privacy_unit:

@@ -29,6 +29,7 @@ from tfdp import validation
 from tfdp.privacy import accounting
 from tfdp.privacy import calibration
 from tfdp.privacy import ledger as ledger_lib
+from tfdp.privacy import noise_accounting
 
 
 def _check_sampler(sampler):
@@ -79,6 +80,9 @@ class DPSGD:
         clipping: str. "standard" or "automatic" (`tfdp.DPSGDConfig`).
             Defaults to "standard".
         clipping_gamma: float. γ of automatic clipping. Defaults to 0.01.
+        noise_scheme: str or None. The noise scheme (`tfdp.DPSGDConfig`).
+            Defaults to None: "banded" at the sampler's bands > 1, else
+            "gaussian".
     """
 
     def __init__(
@@ -98,6 +102,7 @@ class DPSGD:
         hardened_noise=False,
         clipping="standard",
         clipping_gamma=validation.DEFAULT_CLIPPING_GAMMA,
+        noise_scheme=None,
     ):
         # The users' constructor: the request part becomes a `DPSGDConfig`
         # (validated there), then it is bound as tfdp's routes bind theirs.
@@ -113,7 +118,7 @@ class DPSGD:
             max_examples_per_user=sampler.group_size if unit != "example" else None,
             bands=sampler.bands if sampler is not None else 1,
             band_coefficients=band_coefficients, hardened_noise=hardened_noise,
-            clipping=clipping, clipping_gamma=clipping_gamma)
+            clipping=clipping, clipping_gamma=clipping_gamma, noise_scheme=noise_scheme)
         self._bind(config, sampler=sampler, steps=steps,
                    expected_batch_size=expected_batch_size,
                    secret_key=secret_key_lib.SecretKey.resolve(
@@ -171,6 +176,7 @@ class DPSGD:
         self.bands = config.bands
         self.band_coefficients = config.strategy_coefficients
         self.hardened_noise = config.hardened_noise
+        self.noise_scheme = config.noise_scheme
         self.clipping = config.clipping
         self.clipping_gamma = config.clipping_gamma
         if sampler is not None:
@@ -242,7 +248,8 @@ class DPSGD:
     def dp_event(self, steps):
         """The `dp_accounting.DpEvent` of `steps` logical steps."""
         self._require_sampler("The DP event")
-        return self.sampler.dp_event(self.noise_multiplier, steps)
+        return noise_accounting.dp_event(self.noise_scheme, self.sampler, self.noise_multiplier,
+                                         steps, bands=self.bands)
 
     def ledger(self, steps=0, sensitivity=1):
         """A `PrivacyLedger` of this contract after `steps` steps.
@@ -260,6 +267,7 @@ class DPSGD:
             dataset_size=self.sampler.dataset_size, batch_size=self.sampler.logical_batch_size,
             l2_norm_clip=self.l2_norm_clip, sensitivity=sensitivity, bands=self.bands,
             band_coefficients=self.band_coefficients if self.bands > 1 else None,
+            noise_scheme=self.noise_scheme,
         )
 
     def epsilon(self, steps):
@@ -332,6 +340,7 @@ class DPSGD:
         return (f"DP-SGD: C={self.l2_norm_clip:g} sigma={self.noise_multiplier:.4f}"
                 f"{' (calibrated)' if self.calibrated else ''} delta={self.delta:g} "
                 f"{f'bands={self.bands} ' if self.bands > 1 else ''}"
+                f"{'' if self.noise_scheme == noise_accounting.validate_noise_scheme(None, self.bands) else f'noise={self.noise_scheme} '}"
                 f"{'hardened_noise ' if self.hardened_noise else ''}"
                 f"{f'clipping=automatic(gamma={self.clipping_gamma:g}) ' if self.clipping == 'automatic' else ''}"
                 f"accountant={self.accountant} {sampler} "

@@ -8,10 +8,15 @@ on one replica and as one replica's share of two.
 """
 
 import dp_accounting
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
+import tfdp
+from tfdp import engine
+from tfdp import privacy
+from tfdp import secret_key
 from tfdp.dp import noise as noise_lib
 from tfdp.dp import noise_schemes
 from tfdp.dp import noisy_aggregator
@@ -19,6 +24,7 @@ from tfdp.privacy import banded_mf
 from tfdp.privacy import noise_accounting
 from tfdp.privacy import tree_aggregation
 from tfdp.samplers import base as samplers_base
+from tfdp.training.privacy_config import PrivacyConfig
 
 KEY = [0x51, 0x7A]  # A public noise key: these tests read the noise.
 SHAPES = ([4, 3], [5], [])
@@ -289,3 +295,71 @@ def test_the_tree_event_is_its_ledgers():
         1.1, delta=1e-5, steps=30, dataset_size=1000, batch_size=50, restarts=restarts,
         leaves_per_step=2)
     assert tree.dp_event(shuffle, 1.1, 30) == ledger.dp_event()
+
+
+# ----------------------------------------------------------------------
+# A scheme named by a request: DPSGDConfig, DPOptimizer, the trainer, the ledger.
+# ----------------------------------------------------------------------
+
+
+def test_a_request_names_a_registered_scheme_checked_where_given():
+    assert tfdp.DPSGDConfig(1.0, 1.0).noise_scheme == "gaussian"
+    assert tfdp.DPSGDConfig(1.0, 1.0, bands=3).noise_scheme == "banded"
+    assert tfdp.DPSGDConfig(1.0, 1.0, noise_scheme="zero_for_test").noise_scheme == (
+        "zero_for_test")
+    with pytest.raises(ValueError, match="Unknown noise scheme.*noise_scheme='nope'"):
+        tfdp.DPSGDConfig(1.0, 1.0, noise_scheme="nope")
+    with pytest.raises(ValueError, match="needs bands > 1"):
+        tfdp.DPSGDConfig(1.0, 1.0, noise_scheme="banded")
+    with pytest.raises(ValueError, match="takes no bands"):
+        tfdp.DPSGDConfig(1.0, 1.0, bands=2, noise_scheme="gaussian")
+    # The tree needs its restarts, which no request carries: its route is DP-FTRL's.
+    with pytest.raises(ValueError, match="DP-FTRL.*cannot be asked for here"):
+        tfdp.DPSGDConfig(1.0, 1.0, noise_scheme="tree")
+    assert PrivacyConfig(noise_multiplier=1.0, noise_scheme="zero_for_test").dpsgd_config \
+        .noise_scheme == "zero_for_test"
+    with pytest.raises(ValueError, match="for private training"):
+        PrivacyConfig(private=False, noise_scheme="gaussian")
+
+
+def test_the_engine_releases_and_the_ledger_records_the_scheme_a_request_names():
+    sampler = samplers_base.make_sampler("poisson", dataset_size=1000, logical_batch_size=50)
+    config = tfdp.DPSGDConfig(1.0, 1.3, delta=1e-5, noise_scheme="zero_for_test")
+    key = secret_key.SecretKey.resolve(insecure_seed=3)
+    made = engine.make_engine(config, sampler=sampler, key=key)
+    assert isinstance(made.aggregator.scheme, _ZeroNoise)
+    assert made.dp_event(20) == made.mechanism.dp_event(20) == sampler.dp_event(1.3, 20)
+    ledger = made.ledger(20)
+    assert ledger.noise_scheme == "zero_for_test"
+    assert ledger.to_dict()["noise_scheme"] == "zero_for_test"
+    assert privacy.PrivacyLedger.from_dict(ledger.to_dict()) == ledger
+    # A run resumes only under the same noise.
+    plain = engine.make_engine(config.replace(noise_scheme=None), sampler=sampler, key=key)
+    assert "noise_scheme" not in plain.ledger(20).to_dict()  # As ledgers without the field.
+    assert ledger.differences(plain.ledger(20)) == {
+        "noise_scheme": ("zero_for_test", "gaussian")}
+    with pytest.raises(ValueError, match="another privacy configuration.*noise_scheme"):
+        plain.mechanism.check_checkpoint(ledger.to_dict(), key, "here")
+
+
+def test_dp_optimizer_fit_releases_the_named_scheme():
+    x = np.linspace(-1, 1, 64 * 3, dtype=np.float32).reshape(64, 3)
+    y = (x.sum(1) > 0).astype(np.int32)
+
+    def fit(**options):
+        keras.utils.set_random_seed(0)
+        model = tfdp.make_private(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
+        model.compile(optimizer=tfdp.DPOptimizer(keras.optimizers.SGD(0.5), l2_norm_clip=1.0,
+                                                 insecure_reproducible_seed=1, **options),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+        return model
+
+    zero = fit(noise_multiplier=4.0, noise_scheme="zero_for_test")
+    noiseless = fit(noise_multiplier=0.0)
+    noisy = fit(noise_multiplier=4.0)
+    for z, n, g in zip(zero.get_weights(), noiseless.get_weights(), noisy.get_weights()):
+        np.testing.assert_allclose(z, n, rtol=0, atol=1e-6)
+        assert np.abs(z - g).max() > 1e-2
+    assert zero.optimizer.mechanism.noise_scheme == "zero_for_test"
+    assert zero.optimizer.get_config()["noise_scheme"] == "zero_for_test"

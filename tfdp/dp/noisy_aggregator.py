@@ -128,18 +128,21 @@ class NoisyAggregator:
     @classmethod
     def for_mechanism(cls, mechanism, tree=None, leaves_per_step=1, scheme=None):
         """The aggregator of a `tfdp.DPSGD` contract: its σ·C, divisor, noise key,
-        banded strategy and `hardened_noise`.
+        noise scheme, banded strategy and `hardened_noise`.
 
         Args:
             mechanism: `tfdp.DPSGD`.
             tree: `TreeRestarts` or None, as the constructor's. Defaults to `None`.
             leaves_per_step: int, as the constructor's. Defaults to `1`.
             scheme: str, `NoiseScheme` or None, as the constructor's.
-                Defaults to `None`.
+                Defaults to `None`: the contract's `noise_scheme`, unless
+                `tree` is given.
 
         Returns:
             A `NoisyAggregator`.
         """
+        if scheme is None and tree is None:
+            scheme = mechanism.noise_scheme
         return cls(
             noise_stddev=mechanism.noise_stddev,
             expected_batch_size=mechanism.expected_batch_size,

@@ -214,6 +214,10 @@ class DPOptimizer(keras.optimizers.Optimizer):
             "standard".
         clipping_gamma: float. γ > 0 of automatic clipping. Defaults to
             0.01.
+        noise_scheme: str or None. The noise each logical step releases: a
+            registered noise scheme (`tfdp.DPSGDConfig.noise_scheme`), e.g.
+            "gaussian" or "banded". Defaults to `None`: "banded" at
+            bands > 1, else "gaussian".
         num_microbatches: must be `None`: each privacy unit is clipped
             alone; use `gradient_accumulation_steps` for virtual steps.
         name: str or None. Optimizer name.
@@ -243,6 +247,7 @@ class DPOptimizer(keras.optimizers.Optimizer):
         hardened_noise=False,
         clipping="standard",
         clipping_gamma=0.01,
+        noise_scheme=None,
         num_microbatches=None,
         name=None,
         **kwargs,
@@ -259,7 +264,7 @@ class DPOptimizer(keras.optimizers.Optimizer):
             privacy_unit=privacy_unit, max_examples_per_user=max_examples_per_user,
             gradient_accumulation_steps=k, bands=bands, band_coefficients=band_coefficients,
             target_epsilon=target_epsilon, hardened_noise=hardened_noise,
-            clipping=clipping, clipping_gamma=clipping_gamma,
+            clipping=clipping, clipping_gamma=clipping_gamma, noise_scheme=noise_scheme,
         )
         super().__init__(learning_rate=0.0, name=name)
         # Plain gradients handed to the wrapped optimizer directly are refused.

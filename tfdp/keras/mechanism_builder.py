@@ -74,6 +74,8 @@ class MechanismBuilder:
         clipping: str. "standard" or "automatic" (`tfdp.DPSGDConfig`).
             Defaults to "standard".
         clipping_gamma: float. γ of automatic clipping. Defaults to 0.01.
+        noise_scheme: str or None. The noise scheme (`tfdp.DPSGDConfig`).
+            Defaults to None: "banded" at bands > 1, else "gaussian".
     """
 
     def __init__(self, l2_norm_clip=None, noise_multiplier=None, *, mechanism=None,
@@ -81,7 +83,8 @@ class MechanismBuilder:
                  delta=None, sampler=None, accountant="rdp", privacy_unit="example",
                  max_examples_per_user=None, gradient_accumulation_steps=1, bands=1,
                  band_coefficients=None, target_epsilon=None, hardened_noise=False,
-                 clipping="standard", clipping_gamma=validation.DEFAULT_CLIPPING_GAMMA):
+                 clipping="standard", clipping_gamma=validation.DEFAULT_CLIPPING_GAMMA,
+                 noise_scheme=None):
         self.accumulation_steps = gradient_accumulation_steps
         self.fit_route = None
         # The engine of the last route (`route_fit`); None before one.
@@ -107,7 +110,8 @@ class MechanismBuilder:
                              bands=None if bands == 1 else bands,
                              band_coefficients=band_coefficients,
                              target_epsilon=target_epsilon, hardened_noise=hardened_noise,
-                             clipping=clipping, clipping_gamma=clipping_gamma)
+                             clipping=clipping, clipping_gamma=clipping_gamma,
+                             noise_scheme=noise_scheme)
             return
         if l2_norm_clip is None or noise_multiplier is None:
             raise ValueError(
@@ -122,7 +126,8 @@ class MechanismBuilder:
             sampler=sampler, privacy_unit=privacy_unit,
             max_examples_per_user=max_examples_per_user, bands=bands,
             band_coefficients=band_coefficients, target_epsilon=target_epsilon,
-            hardened_noise=hardened_noise, clipping=clipping, clipping_gamma=clipping_gamma)
+            hardened_noise=hardened_noise, clipping=clipping, clipping_gamma=clipping_gamma,
+            noise_scheme=noise_scheme)
         self.expected_batch_size = (None if expected_batch_size is None else
                                     validation.validate_expected_batch_size(expected_batch_size))
         self.dataset_size = None if dataset_size is None else int(dataset_size)
@@ -427,4 +432,5 @@ class MechanismBuilder:
             "hardened_noise": self.hardened_noise,
             "clipping": self.request.clipping,
             "clipping_gamma": self.request.clipping_gamma,
+            "noise_scheme": self.request.noise_scheme,
         }

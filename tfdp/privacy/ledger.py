@@ -8,6 +8,7 @@ from tfdp import validation
 from tfdp.privacy import accounting
 from tfdp.privacy import banded_mf
 from tfdp.privacy import calibration
+from tfdp.privacy import noise_accounting
 
 _FORMAT_VERSION = 1
 _FIELDS = (
@@ -23,6 +24,7 @@ _FIELDS = (
     "sensitivity",
     "bands",
     "band_coefficients",
+    "noise_scheme",
 )
 # Left out of `to_dict` at these values, so that the ledgers of per-example
 # clipping and of DP-SGD read and write exactly as ledgers that predate the
@@ -89,6 +91,12 @@ class PrivacyLedger:
             coefficients c_0 … c_{b-1} (column norm <= 1), recorded so that
             a resumed run continues the same noise correlation; None where
             not recorded, and at b = 1. Defaults to `None`.
+        noise_scheme: str or None. The noise scheme of the run
+            (`tfdp.DPSGDConfig.noise_scheme`), accounted by its entry in
+            `tfdp.privacy.noise_accounting`; recorded so that a run resumes
+            only under the same noise. None: "banded" at b > 1, else
+            "gaussian" (written out only when it is neither). Defaults to
+            `None`.
     """
 
     def __init__(
@@ -106,6 +114,7 @@ class PrivacyLedger:
         sensitivity=1,
         bands=1,
         band_coefficients=None,
+        noise_scheme=None,
     ):
         if (isinstance(sensitivity, bool) or not isinstance(sensitivity, (int, float))
                 or not 1 <= sensitivity <= 2):
@@ -117,6 +126,12 @@ class PrivacyLedger:
         self._sensitivity = sensitivity
         self._bands = banded_mf.validate_bands(bands)
         self._band_coefficients = self._check_band_coefficients(band_coefficients, self._bands)
+        self._noise_scheme = noise_accounting.validate_noise_scheme(noise_scheme, self._bands)
+        if not noise_accounting.accounting_for(self._noise_scheme).by_sampler:
+            # The query below composes the sampler's event.
+            raise ValueError(
+                "PrivacyLedger accounts the noise schemes accounted by their sampler's "
+                f"event. Received: noise_scheme={self._noise_scheme!r}")
         self._noise_multiplier = validation.validate_noise_multiplier(noise_multiplier)
         self._query = accounting.PrivacyQuery(
             self._noise_multiplier / sensitivity, steps, delta, sampling_rate=sampling_rate,
@@ -176,6 +191,7 @@ class PrivacyLedger:
     sensitivity = property(lambda self: self._sensitivity)
     bands = property(lambda self: self._bands)
     band_coefficients = property(lambda self: self._band_coefficients)
+    noise_scheme = property(lambda self: self._noise_scheme)
 
     @property
     def effective_noise_multiplier(self):
@@ -328,6 +344,8 @@ class PrivacyLedger:
         out = {"version": _FORMAT_VERSION}
         out.update({name: getattr(self, name) for name in _FIELDS
                     if name not in _DEFAULTS or getattr(self, name) != _DEFAULTS[name]})
+        if self._noise_scheme == noise_accounting.validate_noise_scheme(None, self._bands):
+            del out["noise_scheme"]  # The default of its bands: as ledgers without the field.
         if "band_coefficients" in out:
             out["band_coefficients"] = list(out["band_coefficients"])
         return out
@@ -399,10 +417,11 @@ class PrivacyLedger:
     __hash__ = None
 
     def __repr__(self):
+        shown = self.to_dict()
         args = ", ".join(
             f"{name}={getattr(self, name)!r}"
             for name in _FIELDS
-            if getattr(self, name) is not None and getattr(self, name) != _DEFAULTS.get(name)
+            if name in shown and getattr(self, name) is not None
         )
         return f"PrivacyLedger({args})"
 

@@ -104,6 +104,10 @@ class PrivacyConfig:
             an update of norm about C per example). Defaults to "standard".
         clipping_gamma: float. γ > 0 of automatic clipping. Defaults to
             0.01, the paper's.
+        noise_scheme: str or None. The noise each logical step releases: a
+            registered noise scheme (`tfdp.DPSGDConfig.noise_scheme`), e.g.
+            "gaussian" or "banded". None: "banded" at bands > 1, else
+            "gaussian".
         insecure_reproducible_seed: int or None. INSECURE, for tests and
             reproducible research: derive the noise and the sampling from
             this public seed instead of a secret key from the OS's entropy.
@@ -127,6 +131,7 @@ class PrivacyConfig:
     hardened_noise: bool = False
     clipping: str = "standard"
     clipping_gamma: float = 0.01
+    noise_scheme: object = None
     insecure_reproducible_seed: object = None
     # The privacy request of a private run (None when non-private), made
     # and validated with this config.
@@ -139,13 +144,14 @@ class PrivacyConfig:
         if not self.private:
             if (self.privacy_unit != "example" or self.max_examples_per_user is not None
                     or self.bands != 1 or self.hardened_noise is not False
-                    or self.clipping != "standard"):
+                    or self.clipping != "standard" or self.noise_scheme is not None):
                 raise ValueError(
-                    "privacy_unit, max_examples_per_user, bands, hardened_noise and clipping "
-                    f"are for private training. Received: private=False, privacy_unit="
+                    "privacy_unit, max_examples_per_user, bands, hardened_noise, clipping and "
+                    f"noise_scheme are for private training. Received: private=False, privacy_unit="
                     f"{self.privacy_unit!r}, max_examples_per_user="
                     f"{self.max_examples_per_user!r}, bands={self.bands!r}, "
-                    f"hardened_noise={self.hardened_noise!r}, clipping={self.clipping!r}")
+                    f"hardened_noise={self.hardened_noise!r}, clipping={self.clipping!r}, "
+                    f"noise_scheme={self.noise_scheme!r}")
             return
         banded = self.bands > 1
         # The sampler has a form for the unit and the bands (one mapping of names).
@@ -156,7 +162,8 @@ class PrivacyConfig:
             delta=self.delta, accountant=self.accountant, privacy_unit=self.privacy_unit,
             max_examples_per_user=self.max_examples_per_user, bands=self.bands,
             band_coefficients=given if banded else None, hardened_noise=self.hardened_noise,
-            clipping=self.clipping, clipping_gamma=self.clipping_gamma)
+            clipping=self.clipping, clipping_gamma=self.clipping_gamma,
+            noise_scheme=self.noise_scheme)
         object.__setattr__(self, "dpsgd_config", request)  # The dataclass is frozen.
 
     @property
