@@ -6,6 +6,7 @@ from tfdp import samplers
 from tfdp import validation
 from tfdp.privacy import accounting
 from tfdp.privacy import banded_mf
+from tfdp.privacy import deltas
 from tfdp.privacy import noise_accounting
 
 
@@ -175,7 +176,7 @@ class DPSGDConfig:
         """δ of a run over `dataset_size` privacy units: the one asked, or the default."""
         if self.delta is not None:
             return self.delta
-        return accounting.default_delta(dataset_size)
+        return deltas.default_delta(dataset_size)
 
     def replace(self, **changes):
         """A copy with `changes` (validated like the original)."""

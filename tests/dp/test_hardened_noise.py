@@ -121,7 +121,7 @@ class HardenedTailTest(tf.test.TestCase):
         # The tail mass the accountant adds is the sampler's, per pair of coordinates.
         self.assertAllClose(
             noise_lib.HARDENED_DRAWS * math.exp(-noise_lib.MAX_ABS_HARDENED_DRAW**2 / 2),
-            privacy.accounting.HARDENED_NOISE_TAIL_MASS_PER_PAIR, rtol=1e-9)
+            privacy.deltas.HARDENED_NOISE_TAIL_MASS_PER_PAIR, rtol=1e-9)
         self.assertLess(privacy.noise_truncation_delta(1369, 11_687_720, hardened_noise=True),
                         1e-6 * 1e-9)
 

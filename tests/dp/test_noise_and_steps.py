@@ -84,7 +84,7 @@ class NoiseTest(tf.test.TestCase):
     def test_truncation_costs_at_most_a_hundredth_of_delta(self):
         # The accountant's tail mass is the sampler's: P(R > cap) = 2^-65.
         self.assertAllClose(np.exp(-noise_lib.MAX_ABS_NORMAL**2 / 2),
-                            privacy.accounting.NOISE_TAIL_MASS_PER_PAIR, rtol=1e-9)
+                            privacy.deltas.NOISE_TAIL_MASS_PER_PAIR, rtol=1e-9)
         # The default run (469 steps, 26,106 parameters, δ = 1e-5) and the
         # paper's (1,369 steps, ResNet-18's 11.7 M, δ = 1e-6).
         self.assertLess(privacy.noise_truncation_delta(469, 26_106), 1e-5 / 100)

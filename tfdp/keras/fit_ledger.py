@@ -10,7 +10,7 @@ epoch that released a step (`PrivacyAccount.accounted_steps`).
 from tfdp import engine as engine_lib
 from tfdp import privacy
 from tfdp import samplers
-from tfdp.privacy import accounting as privacy_accounting
+from tfdp.privacy import deltas as privacy_deltas
 
 
 def accounting_mechanism(builder, dataset_size=None, delta=None):
@@ -54,7 +54,7 @@ def accounting_mechanism(builder, dataset_size=None, delta=None):
         name = builder.fit_route.sampler_name
         batch = (builder.planned_batch_size if builder.planned_batch_size is not None
                  else int(round(mech.expected_batch_size)))
-    delta = delta or builder.delta or privacy_accounting.default_delta(n)
+    delta = delta or builder.delta or privacy_deltas.default_delta(n)
     # The bound σ (perhaps calibrated) on the accounted sampler, with the
     # contract's budget (`budget_steps`).
     request = mech.config.replace(noise_multiplier=mech.noise_multiplier,

@@ -17,7 +17,6 @@ No TensorFlow is imported here, so `python -m tfdp.privacy` starts quickly.
 import fractions
 import functools
 import math
-import warnings
 
 from absl import logging as absl_logging
 from dp_accounting import pld as dp_pld
@@ -25,10 +24,10 @@ from dp_accounting import rdp as dp_rdp
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from tfdp import samplers
+from tfdp.privacy.deltas import check_delta_against_dataset
 from tfdp.validation import is_int
 from tfdp.validation import is_real
 from tfdp.validation import validate_delta
-from tfdp.validation import validate_hardened_noise
 from tfdp.validation import validate_noise_multiplier
 from tfdp.validation import validate_steps
 
@@ -157,80 +156,6 @@ def resolve_sampling_rate(
             "batch_size=None"
         )
     return sampling_rate, dataset_size, batch_size
-
-
-# The largest default δ: training sets of fewer than 100,000 examples get it.
-MAX_DEFAULT_DELTA = 1e-5
-
-
-def default_delta(dataset_size=None):
-    """The δ every route uses when none is given: min(1e-5, the largest power of ten below 1/N).
-
-    1e-5 for N < 100,000 (the default run: N = 4,000), 1e-6 for N < 10⁶,
-    1e-7 for ImageNet's 1.28 M; 1e-5 while N is unknown.
-
-    Args:
-        dataset_size: int or None. N (examples, or users at user level).
-
-    Returns:
-        A float.
-    """
-    if dataset_size is None or dataset_size < 1:
-        return MAX_DEFAULT_DELTA
-    return min(MAX_DEFAULT_DELTA, 10.0 ** -(math.floor(math.log10(dataset_size)) + 1))
-
-
-def check_delta_against_dataset(delta, dataset_size, stacklevel=3):
-    """Warns when `delta >= 1 / dataset_size`.
-
-    A mechanism that publishes one random example outright is
-    `(0, 1/N)`-DP, so `delta` should be well below `1/N` to mean anything.
-    """
-    if dataset_size is not None and delta >= 1.0 / dataset_size:
-        warnings.warn(
-            f"delta={delta:g} is >= 1/dataset_size = {1.0 / dataset_size:.3g} "
-            f"(N={dataset_size}): such a delta permits leaking whole examples. Prefer "
-            f"delta << 1/N, e.g. {default_delta(dataset_size):g} (the default for this N).",
-            UserWarning,
-            stacklevel=stacklevel,
-        )
-
-
-# tfdp's Gaussian sampler (`tfdp.dp.noise`) draws each pair of normals from
-# one radius R = sqrt(-2 ln u1), with u1 a 64-bit uniform never below 2^-65:
-# R never exceeds sqrt(130 ln 2) ≈ 9.49, and P(R > 9.49) = 2^-65 for an exact
-# Gaussian. That tail is all the truncation there is.
-NOISE_TAIL_MASS_PER_PAIR = 2.0**-65
-# The hardened sampler sums two draws per coordinate, each pair of them from
-# a 96-bit u1 never below 2^-97 (radius at most sqrt(194 ln 2) ≈ 11.6): two
-# tails of 2^-97 per pair of coordinates.
-HARDENED_NOISE_TAIL_MASS_PER_PAIR = 2 * 2.0**-97
-
-
-def noise_truncation_delta(steps, num_parameters, hardened_noise=False):
-    """δ added by the noise sampler's largest attainable draw (9.49σ).
-
-    The run's noise differs from exact Gaussian noise only where an exact
-    pair's radius would exceed the cap, so the two differ in total variation
-    by at most ⌈d/2⌉·2⁻⁶⁵ per step, and T·⌈d/2⌉·2⁻⁶⁵ over the run. An
-    (ε, δ)-DP guarantee of the exact mechanism is then an (ε, δ + that)
-    guarantee of the run (docs/PRIVACY.md, "Floating-point noise"). With
-    hardened noise, 2·2⁻⁹⁷ per pair instead.
-
-    Args:
-        steps: int. Noisy steps T.
-        num_parameters: int. Noised coordinates per step d.
-        hardened_noise: bool. The hardened sampler's bound. Defaults to
-            False.
-
-    Returns:
-        The added δ, a float.
-    """
-    steps = validate_steps(steps)
-    num_parameters = validate_steps(num_parameters, name="num_parameters")
-    mass = (HARDENED_NOISE_TAIL_MASS_PER_PAIR if validate_hardened_noise(hardened_noise)
-            else NOISE_TAIL_MASS_PER_PAIR)
-    return steps * math.ceil(num_parameters / 2) * mass
 
 
 def steps_for_epochs(epochs, dataset_size, batch_size):
@@ -495,98 +420,8 @@ def epsilon(
     ).epsilon()
 
 
-def epsilon_table(
-    noise_multiplier,
-    steps,
-    deltas=DEFAULT_DELTAS,
-    *,
-    sampling_rate=None,
-    dataset_size=None,
-    batch_size=None,
-    accountant="rdp",
-    sampler="poisson",
-):
-    """Returns epsilon at several deltas, as in the paper's Appendix I.
-
-    Args:
-        noise_multiplier: float. Noise multiplier `sigma` of the logical
-            batch.
-        steps: int. Number of optimizer steps.
-        deltas: sequence of float. Deltas to report. Defaults to
-            `(1e-5, 1e-6, 1e-7, 1e-8)`.
-        sampling_rate: float or None. `q`. Defaults to `None`.
-        dataset_size: int or None. `N`. Defaults to `None`.
-        batch_size: int or None. `B`. Defaults to `None`.
-        accountant: str. `"rdp"`, `"pld"` or `"both"`. Defaults to `"rdp"`.
-        sampler: str or `tfdp.samplers.Sampler`. `"poisson"` or `"shuffle"`,
-            or a sampler instance. Defaults to `"poisson"`.
-
-    Returns:
-        A list with one dict per delta, with keys `delta`,
-        `epsilon_rdp` and/or `epsilon_pld`, `noise_multiplier`,
-        `sampling_rate`, `steps` and `sampler`.
-    """
-    if accountant == "both":
-        accountants = ACCOUNTANTS
-    else:
-        accountants = (validate_accountant(accountant),)
-    deltas = tuple(deltas)
-    if not deltas:
-        raise ValueError(
-            f"`deltas` must not be empty. Received: deltas={deltas}"
-        )
-    deltas = tuple(validate_delta(delta) for delta in deltas)
-    # One query per accountant, asked at each delta; the δ warning is for
-    # the largest δ.
-    queries = {
-        acc: PrivacyQuery(
-            noise_multiplier, steps, max(deltas), sampling_rate=sampling_rate,
-            dataset_size=dataset_size, batch_size=batch_size, accountant=acc,
-            sampler=sampler, stacklevel=3,
-        )
-        for acc in accountants
-    }
-    query = queries[accountants[0]]
-    rows = []
-    for delta in deltas:
-        row = {
-            "delta": delta,
-            "noise_multiplier": query.noise_multiplier,
-            "sampling_rate": query.sampling_rate,
-            "steps": query.steps,
-            "sampler": sampler,
-        }
-        for acc in accountants:
-            row[f"epsilon_{acc}"] = queries[acc].epsilon(delta=delta)
-        rows.append(row)
-    return rows
-
-
 def format_epsilon(value, digits=4):
     """Formats an epsilon for humans: `inf` stays `inf`."""
     if math.isinf(value):
         return "inf"
     return f"{value:.{digits}f}"
-
-
-def format_epsilon_table(rows):
-    """Formats the output of `epsilon_table` as a fixed-width text table.
-
-    Args:
-        rows: list of dict. Rows returned by `epsilon_table`.
-
-    Returns:
-        The table as a string, one line per delta, without a trailing
-        newline.
-    """
-    columns = [
-        c for c in ("epsilon_rdp", "epsilon_pld") if rows and c in rows[0]
-    ]
-    header = f"{'delta':>8}" + "".join(f"{c:>14}" for c in columns)
-    lines = [header, "-" * len(header)]
-    for row in rows:
-        lines.append(
-            f"{row['delta']:>8.0e}"
-            + "".join(f"{format_epsilon(row[c]):>14}" for c in columns)
-        )
-    return "\n".join(lines)

@@ -10,6 +10,8 @@ from tfdp import samplers
 from tfdp.privacy import accounting
 from tfdp.privacy import banded_mf
 from tfdp.privacy import calibration
+from tfdp.privacy import deltas
+from tfdp.privacy import epsilon_tables
 
 _DESCRIPTION = """\
 Epsilon of a DP-SGD run, or the noise multiplier for a target epsilon.
@@ -144,7 +146,7 @@ def compute(args):
     """Runs the accounting for parsed `args`; returns the result dict."""
     n, b = args.dataset_size, args.batch_size
     if args.delta is None:
-        args.delta = accounting.default_delta(n)
+        args.delta = deltas.default_delta(n)
     q, _, _ = accounting.resolve_sampling_rate(None, n, b)
     sampler_name, accounted = _accounted_sampler(args)
     if args.epochs is not None:
@@ -211,7 +213,7 @@ def compute(args):
     with warnings.catch_warnings():
         # The table sweeps fixed deltas; only --delta is worth a warning.
         warnings.simplefilter("ignore", UserWarning)
-        result["epsilon_table"] = accounting.epsilon_table(
+        result["epsilon_table"] = epsilon_tables.epsilon_table(
             sigma,
             steps,
             accounting.DEFAULT_DELTAS,
@@ -289,7 +291,7 @@ def format_text(result):
                      f"{error['noise']:.4g} = sigma x prefix-sum error {error['prefix_sum_error']:.4g}"))
     width = max(len(name) for name, _ in rows)
     lines = [f"{name:<{width}}  {value}" for name, value in rows]
-    lines += ["", accounting.format_epsilon_table(result["epsilon_table"])]
+    lines += ["", epsilon_tables.format_epsilon_table(result["epsilon_table"])]
     return "\n".join(lines)
 
 
