@@ -24,8 +24,10 @@ from tfdp.dp import layer_taps
 from tfdp.dp import model_probe
 from tfdp.dp import rules
 
-# Features cached per call of the backbone, by default.
-DEFAULT_BATCH_SIZE = 256
+# Features cached per call of the backbone, by default. The check for
+# mixing examples probes batches of this many rows, at a cost that grows
+# with them (a small ViT on two CPU cores: 10 s at 64 rows, 37 s at 256).
+DEFAULT_BATCH_SIZE = 64
 # Rows of the probe batches that compare training and inference mode.
 MODE_PROBE_ROWS = model_probe.MIN_PROBE_ROWS
 # Relative tolerance (to the largest magnitude, at least 1) under which the
@@ -184,39 +186,49 @@ def _layer_calls(model, x, training):
         patched.append((layer, layer.__dict__.get("call")))
         layer.call = wrap(layer, layer.call)
     try:
-        outputs = model(x, training=training)
+        model(x, training=training)
     finally:
         for layer, previous in reversed(patched):
             if previous is not None:
                 layer.call = previous
             else:
                 object.__delattr__(layer, "call")
-    return calls, np.asarray(outputs)
+    return calls
 
 
-def _mode_difference(backbone, x):
-    """The first layer whose outputs differ between the modes on `x`, or None.
-
-    None also when the outputs agree but no layer is to blame; the model
-    itself is named when its outputs differ and no layer's do.
-    """
+def _both_modes(backbone, x, run):
+    """`run(backbone, x, training)` for training=True, then False, from one random state."""
     randomness = model_probe.RandomState(backbone)
     try:
-        trained, trained_out = _layer_calls(backbone, x, training=True)
+        trained = run(backbone, x, True)
         randomness.restore()
-        inferred, inferred_out = _layer_calls(backbone, x, training=False)
+        inferred = run(backbone, x, False)
     finally:
         # A training pass may move BatchNorm's moving statistics or a seed
         # generator: the backbone leaves the check as it came.
         randomness.restore()
+    return trained, inferred
+
+
+def _mode_difference(backbone, x):
+    """The first layer whose outputs on `x` differ between the modes, or None.
+
+    The whole backbone's outputs are compared first (cheap); only if they
+    differ are its layer calls recorded, to name the first layer whose
+    outputs differ although its inputs do not (the backbone itself when no
+    layer is to blame).
+    """
+    trained, inferred = _both_modes(
+        backbone, x, lambda model, inputs, training: _tensors(model(inputs, training=training)))
+    if len(trained) == len(inferred) and all(map(_same, trained, inferred)):
+        return None
+    trained, inferred = _both_modes(backbone, x, _layer_calls)
     for (layer, a_in, a_out), (_, b_in, b_out) in zip(trained, inferred):
         inputs_same = len(a_in) == len(b_in) and all(map(_same, a_in, b_in))
         outputs_same = len(a_out) == len(b_out) and all(map(_same, a_out, b_out))
         if inputs_same and not outputs_same:
             return layer
-    if not _same(trained_out, inferred_out) or len(trained) != len(inferred):
-        return backbone
-    return None
+    return backbone
 
 
 def _declared_input(model):
@@ -354,7 +366,8 @@ def cache_features(backbone, x, batch_size=DEFAULT_BATCH_SIZE, path=None):
         raise ValueError(f"x holds no example. Received: x.shape={tuple(x.shape)}")
     check_cacheable(backbone, x, batch_size)
 
-    @tf.function(reduce_retracing=True)
+    # One tracing for every batch, the last (smaller) one included.
+    @tf.function(input_signature=[tf.TensorSpec((None,) + tuple(x.shape[1:]), x.dtype)])
     def features_of(batch):
         return backbone(batch, training=False)
 
