@@ -298,21 +298,22 @@ def check_cacheable(backbone, x=None, batch_size=DEFAULT_BATCH_SIZE):
             f"Freeze them. Received: variable={backbone.trainable_weights[0].path!r}"
         )
     shape, dtype = _input_spec(backbone, x)
-    for value_range in model_probe.probe_value_ranges(dtype):
-        probe, _ = model_probe.probe_inputs(backbone, shape, dtype, MODE_PROBE_ROWS,
-                                            value_range=value_range)
-        layer = _mode_difference(backbone, probe)
-        if layer is not None:
-            raise ValueError(
-                f"cache_features: layer {layer.name!r} ({type(layer).__name__}) computes "
-                "other outputs in training mode than in inference mode (e.g. dropout, "
-                "noise or random augmentation, or BatchNormalization with batch "
-                "statistics). Training through the backbone runs it with training=True; "
-                "features cached in inference mode would not be what that training "
-                "sees. Freeze such a layer in inference mode (`layer.trainable = False` "
-                "for BatchNormalization), remove it, or train without a cache. "
-                f"Received: layer={layer.name!r}"
-            )
+    # One batch of rows from every public value range: one pass per mode.
+    probe = tf.concat([model_probe.probe_inputs(backbone, shape, dtype, MODE_PROBE_ROWS,
+                                                value_range=value_range)[0]
+                       for value_range in model_probe.probe_value_ranges(dtype)], axis=0)
+    layer = _mode_difference(backbone, probe)
+    if layer is not None:
+        raise ValueError(
+            f"cache_features: layer {layer.name!r} ({type(layer).__name__}) computes "
+            "other outputs in training mode than in inference mode (e.g. dropout, "
+            "noise or random augmentation, or BatchNormalization with batch "
+            "statistics). Training through the backbone runs it with training=True; "
+            "features cached in inference mode would not be what that training "
+            "sees. Freeze such a layer in inference mode (`layer.trainable = False` "
+            "for BatchNormalization), remove it, or train without a cache. "
+            f"Received: layer={layer.name!r}"
+        )
     if _declared_input(backbone) is not None:
         report = model_probe.probe(backbone, rows=batch_size)
     else:
