@@ -205,6 +205,17 @@ class RefusalTest(tf.test.TestCase):
         features = tfdp.finetune.cache_features(backbone, x[:8])
         self.assertAllClose(features, backbone(x[:8], training=True), atol=1e-6)
 
+    def test_randomness_in_inference_mode(self):
+        class AlwaysNoisy(keras.layers.Layer):
+            def __init__(self, **kwargs):
+                super().__init__(**kwargs)
+                self.seed_generator = keras.random.SeedGenerator(1)
+
+            def call(self, h, training=None):
+                return h + keras.random.normal(tf.shape(h), seed=self.seed_generator)
+
+        self.refuse(model(AlwaysNoisy(name="noisy")), r"draws random values in inference")
+
     def test_mixing_layer(self):
         centre = keras.layers.Lambda(lambda h: h - tf.reduce_mean(h, axis=0), name="centre")
         self.refuse(model(centre), r"'centre' mixes examples")

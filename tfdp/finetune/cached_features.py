@@ -197,32 +197,49 @@ def _layer_calls(model, x, training):
 
 
 def _both_modes(backbone, x, run):
-    """`run(backbone, x, training)` for training=True, then False, from one random state."""
+    """`run(backbone, x, training)` for training=True, then False, from one random state.
+
+    Returns:
+        `(trained, inferred, draws)`: the two results, and whether the
+        inference pass moved a random generator's state.
+    """
     randomness = model_probe.RandomState(backbone)
     try:
         trained = run(backbone, x, True)
         randomness.restore()
         inferred = run(backbone, x, False)
+        start = randomness.initial[0]
+        draws = any(not np.array_equal(v.numpy(), start[id(v)]) for v in randomness.variables
+                    if id(v) in randomness.random_ids)
     finally:
         # A training pass may move BatchNorm's moving statistics or a seed
         # generator: the backbone leaves the check as it came.
         randomness.restore()
-    return trained, inferred
+    return trained, inferred, draws
 
 
 def _mode_difference(backbone, x):
     """The first layer whose outputs on `x` differ between the modes, or None.
+
+    Raises where the inference pass itself draws random values.
 
     The whole backbone's outputs are compared first (cheap); only if they
     differ are its layer calls recorded, to name the first layer whose
     outputs differ although its inputs do not (the backbone itself when no
     layer is to blame).
     """
-    trained, inferred = _both_modes(
+    trained, inferred, draws = _both_modes(
         backbone, x, lambda model, inputs, training: _tensors(model(inputs, training=training)))
+    if draws:
+        raise ValueError(
+            f"cache_features: the backbone {backbone.name!r} draws random values in "
+            "inference mode. Features cached once would hold one draw; training "
+            "through the backbone draws anew at every step. Remove the randomness or "
+            f"train without a cache. Received: backbone={backbone.name!r}"
+        )
     if len(trained) == len(inferred) and all(map(_same, trained, inferred)):
         return None
-    trained, inferred = _both_modes(backbone, x, _layer_calls)
+    trained, inferred, _ = _both_modes(backbone, x, _layer_calls)
     for (layer, a_in, a_out), (_, b_in, b_out) in zip(trained, inferred):
         inputs_same = len(a_in) == len(b_in) and all(map(_same, a_in, b_in))
         outputs_same = len(a_out) == len(b_out) and all(map(_same, a_out, b_out))
@@ -264,6 +281,8 @@ def check_cacheable(backbone, x=None, batch_size=DEFAULT_BATCH_SIZE):
       compared on public probe batches (`tfdp.dp.model_probe.probe_inputs`,
       never the data): no dropout, noise or random augmentation active in
       training, no BatchNormalization normalising with batch statistics;
+    - the inference pass draws no random values (a feature computed once
+      must be the feature of every step);
     - no layer mixes the examples of a batch or writes state from it
       (`tfdp.dp.model_probe.probe` at `batch_size` rows).
     It also announces the backbone's adapted state, as a private fit of the
