@@ -3,6 +3,7 @@
 from unittest import mock
 
 import keras
+import pytest
 import numpy as np
 import tensorflow as tf
 
@@ -111,6 +112,7 @@ class LoraRuleTest(rule_test_case.RuleTestCase):
             ["seq/lora_kernel_a", "seq/lora_kernel_b"])
         self.assert_rule_matches_naive(model, sequences(6, 5, 8), LABELS, "lora")
 
+    @pytest.mark.slow
     def test_attention_with_bias(self):
         model = attention_model()
         kinds = self.kinds(model, (5, 8))
@@ -128,6 +130,20 @@ class LoraRuleTest(rule_test_case.RuleTestCase):
         freeze_biases(model)
         self.assert_rule_matches_naive(model, sequences(6, 5, 8, seed=2), LABELS, "lora")
 
+    def test_conv2d_and_causal_conv1d(self):
+        keras.utils.set_random_seed(5)
+        x = keras.Input((5, 5, 2))
+        c2 = keras.layers.Conv2D(3, 3, padding="same", activation="tanh", name="c2")
+        c1 = keras.layers.Conv1D(2, 2, padding="causal", name="c1")
+        h = c1(keras.layers.Reshape((25, 3))(c2(x)))
+        h = keras.layers.GlobalAveragePooling1D()(h)
+        model = keras.Model(x, keras.layers.Dense(3, name="head")(h))
+        enable(c2)
+        enable(c1, seed=1)
+        self.assert_rule_matches_naive(model, rule_test_case.images(6, 5, channels=2), LABELS,
+                                       "lora", sample_weight=rule_test_case.weights(6))
+
+    @pytest.mark.slow
     def test_convs_with_and_without_bias(self):
         model = conv_model()
         kinds = self.kinds(model, (6, 6, 2))
@@ -139,6 +155,7 @@ class LoraRuleTest(rule_test_case.RuleTestCase):
         freeze_biases(model)
         self.assert_rule_matches_naive(model, x, LABELS, "lora")
 
+    @pytest.mark.slow
     def test_conv2d_by_backprop_per_example(self):
         # Past the unfolded-input bound, A's per-example gradients come from
         # a conv backprop per example, as for a plain conv.
