@@ -125,6 +125,7 @@ class LoraRuleTest(rule_test_case.RuleTestCase):
                                     if "lora_kernel" in v.path],
         )
 
+    @pytest.mark.slow  # The ViT test of tests/finetune/test_lora.py covers attention fast.
     def test_attention_factors_only(self):
         model = attention_model()
         freeze_biases(model)
