@@ -45,20 +45,44 @@ def _layers(model):
     return list(model._flatten_layers(include_self=False, recursive=True))
 
 
-def _default_head(model):
-    """The last Dense layer in the model's layer order (its rule is "dense")."""
+def default_head(model, caller="bitfit"):
+    """The default head: the last Dense layer in the model's layer order.
+
+    Args:
+        model: keras.Model.
+        caller: str. The function named in the error. Defaults to "bitfit".
+
+    Returns:
+        A one-element list: the last layer whose clipping rule is "dense".
+
+    Raises:
+        ValueError: where the model has no such layer.
+    """
     dense = [layer for layer in _layers(model)
              if layer.weights and rules.rule_for(layer).name == "dense"]
     if not dense:
         raise ValueError(
-            "bitfit found no head: the model has no Dense layer. Pass the layer(s) that "
+            f"{caller} found no head: the model has no Dense layer. Pass the layer(s) that "
             f"train whole as `head`. Received: model={model.name!r}, head=None"
         )
     return [dense[-1]]
 
 
-def _named_heads(model, head):
-    """The layers `head` names: a layer, a name, or a list of either."""
+def named_heads(model, head, caller="bitfit"):
+    """The layers `head` names: a layer, a name, or a list of either.
+
+    Args:
+        model: keras.Model.
+        head: a layer, a layer name, or a list of either.
+        caller: str. The function named in errors. Defaults to "bitfit".
+
+    Returns:
+        list of layers.
+
+    Raises:
+        ValueError: for an item that is not a layer of the model, or a layer
+            that owns no variables.
+    """
     items = [head] if isinstance(head, str) or not isinstance(head, (list, tuple)) else head
     by_name = {layer.name: layer for layer in _layers(model)}
     found = []
@@ -66,12 +90,12 @@ def _named_heads(model, head):
         layer = by_name.get(item) if isinstance(item, str) else item
         if layer is None or not any(layer is other for other in by_name.values()):
             raise ValueError(
-                f"bitfit: the head {item!r} is not a layer of the model "
+                f"{caller}: the head {item!r} is not a layer of the model "
                 f"{model.name!r}. Received: head={head!r}"
             )
         if not layer.weights:
             raise ValueError(
-                f"bitfit: the head layer {layer.name!r} owns no variables to train. "
+                f"{caller}: the head layer {layer.name!r} owns no variables to train. "
                 f"Received: head={head!r}"
             )
         found.append(layer)
@@ -114,7 +138,7 @@ def bitfit(model, head=None):
             "bitfit needs a built model (its variables exist once it is built). "
             f"Received: model={model.name!r} (not built)"
         )
-    heads = _default_head(model) if head is None else _named_heads(model, head)
+    heads = default_head(model) if head is None else named_heads(model, head)
     keep = {id(v) for _, v in rules.offset_variables(model)}
     for layer in heads:
         layer.trainable = True

@@ -396,7 +396,7 @@ class Conv2DRule(linear.LinearRule):
         )
 
 
-_BASE_CONV_CALLS = (base_conv.BaseConv.call, keras.layers.Conv1D.call)
+BASE_CONV_CALLS = (base_conv.BaseConv.call, keras.layers.Conv1D.call)
 
 
 def conv_padding(layer):
@@ -429,7 +429,7 @@ class ConvRule(generic.InstantiatingRule):
 
     def applies(self, layer):
         return (
-            type(layer).call in _BASE_CONV_CALLS
+            type(layer).call in BASE_CONV_CALLS
             and type(layer).convolution_op is base_conv.BaseConv.convolution_op
             and layer.data_format == "channels_last"
             and registry.is_plain(layer)

@@ -75,6 +75,14 @@ class EinsumLayout:
         return tf.reshape(tensor, tf.stack([shape[0], -1, width]))
 
 
+def layer_layout(layer):
+    """The `EinsumLayout` of an EinsumDense layer, at its input rank."""
+    rank = getattr(getattr(layer, "input_spec", None), "ndim", None)
+    if rank is None:
+        rank = len(layer.equation.split(",")[0])  # No ellipsis: the spec's length.
+    return EinsumLayout(layer.equation, rank)
+
+
 class EinsumFactors(layer_grads.LinearFactors):
     """`LinearFactors` of an EinsumDense: U, G and the kernel in permuted layouts."""
 
@@ -89,11 +97,7 @@ class EinsumFactors(layer_grads.LinearFactors):
         return self.layout.rows(outputs, self.layout.outputs, self.layout.produced)
 
     def kernel_from_matrix(self, matrix):
-        layout = self.layout
-        kernel_shape = self.layer.kernel.shape
-        order = layout.contracted + layout.produced
-        permuted = tf.reshape(matrix, [kernel_shape[layout.kernel.index(c)] for c in order])
-        return tf.transpose(permuted, [order.index(c) for c in layout.kernel])
+        return kernel_from_matrix(self.layout, matrix, self.layer.kernel.shape)
 
     def per_example_bias_grads(self):
         # Keras's bias spans the output axes from the first of `bias_axes` on,
@@ -110,6 +114,34 @@ class EinsumFactors(layer_grads.LinearFactors):
         return tf.add_n(summed)
 
 
+def kernel_from_matrix(layout, matrix, kernel_shape):
+    """A [D, p] matrix (contracted, produced letters) in the kernel's axis order.
+
+    Args:
+        layout: `EinsumLayout`. The layer's equation.
+        matrix: tensor [D, p]. Rows over the contracted letters, columns over
+            the produced ones, each in kernel order.
+        kernel_shape: the shape of the kernel (or of a kernel with the same
+            letters, e.g. a LoRA factor whose last axis is the rank).
+
+    Returns:
+        A tensor of `kernel_shape`.
+    """
+    order = layout.contracted + layout.produced
+    permuted = tf.reshape(matrix, [kernel_shape[layout.kernel.index(c)] for c in order])
+    return tf.transpose(permuted, [order.index(c) for c in layout.kernel])
+
+
+def matrix_from_kernel(layout, kernel):
+    """The inverse of `kernel_from_matrix`: a kernel as its [D, p] matrix."""
+    order = layout.contracted + layout.produced
+    permuted = tf.transpose(kernel, [layout.kernel.index(c) for c in order])
+    d = 1
+    for c in layout.contracted:
+        d *= int(kernel.shape[layout.kernel.index(c)])
+    return tf.reshape(permuted, [d, -1])
+
+
 def group_rows_flat(per_row, k):
     """[B·k, ...] per-row bias gradients -> [B, n] per-example sums."""
     return tf.reshape(layer_grads.group_rows(per_row, k), [tf.shape(per_row)[0] // k, -1])
@@ -124,10 +156,7 @@ class EinsumDenseRule(linear.LinearRule):
     def applies(self, layer):
         if type(layer).call is not keras.layers.EinsumDense.call or not registry.is_plain(layer):
             return False
-        rank = getattr(getattr(layer, "input_spec", None), "ndim", None)
-        if rank is None:
-            rank = len(layer.equation.split(",")[0])  # No ellipsis: the spec's length.
-        return EinsumLayout(layer.equation, rank).valid
+        return layer_layout(layer).valid
 
     def factors(self, layer, records, output_grads, k):
         return EinsumFactors(layer, records, output_grads, k)
