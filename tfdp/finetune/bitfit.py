@@ -9,9 +9,9 @@ per-layer rules (`tfdp.dp.rules`) skip a frozen kernel's norm and sum.
 """
 
 import dataclasses
-import math
 
 from tfdp.dp import rules
+from tfdp.finetune import heads as heads_lib
 
 
 @dataclasses.dataclass
@@ -35,71 +35,6 @@ class BitFitSummary:
         return (f"BiTFiT: {self.trainable_params:,} of {self.total_params:,} parameters "
                 f"train ({share:.2%}): {len(self.trainable)} variables, the head "
                 f"{', '.join(repr(h) for h in self.head)} whole, and the biases")
-
-
-def _size(variable):
-    return math.prod(int(n) for n in variable.shape)
-
-
-def _layers(model):
-    return list(model._flatten_layers(include_self=False, recursive=True))
-
-
-def default_head(model, caller="bitfit"):
-    """The default head: the last Dense layer in the model's layer order.
-
-    Args:
-        model: keras.Model.
-        caller: str. The function named in the error. Defaults to "bitfit".
-
-    Returns:
-        A one-element list: the last layer whose clipping rule is "dense".
-
-    Raises:
-        ValueError: where the model has no such layer.
-    """
-    dense = [layer for layer in _layers(model)
-             if layer.weights and rules.rule_for(layer).name == "dense"]
-    if not dense:
-        raise ValueError(
-            f"{caller} found no head: the model has no Dense layer. Pass the layer(s) that "
-            f"train whole as `head`. Received: model={model.name!r}, head=None"
-        )
-    return [dense[-1]]
-
-
-def named_heads(model, head, caller="bitfit"):
-    """The layers `head` names: a layer, a name, or a list of either.
-
-    Args:
-        model: keras.Model.
-        head: a layer, a layer name, or a list of either.
-        caller: str. The function named in errors. Defaults to "bitfit".
-
-    Returns:
-        list of layers.
-
-    Raises:
-        ValueError: for an item that is not a layer of the model, or a layer
-            that owns no variables.
-    """
-    items = [head] if isinstance(head, str) or not isinstance(head, (list, tuple)) else head
-    by_name = {layer.name: layer for layer in _layers(model)}
-    found = []
-    for item in items:
-        layer = by_name.get(item) if isinstance(item, str) else item
-        if layer is None or not any(layer is other for other in by_name.values()):
-            raise ValueError(
-                f"{caller}: the head {item!r} is not a layer of the model "
-                f"{model.name!r}. Received: head={head!r}"
-            )
-        if not layer.weights:
-            raise ValueError(
-                f"{caller}: the head layer {layer.name!r} owns no variables to train. "
-                f"Received: head={head!r}"
-            )
-        found.append(layer)
-    return found
 
 
 def bitfit(model, head=None):
@@ -138,7 +73,7 @@ def bitfit(model, head=None):
             "bitfit needs a built model (its variables exist once it is built). "
             f"Received: model={model.name!r} (not built)"
         )
-    heads = default_head(model) if head is None else named_heads(model, head)
+    heads = heads_lib.heads_of(model, head, "bitfit")
     keep = {id(v) for _, v in rules.offset_variables(model)}
     for layer in heads:
         layer.trainable = True
@@ -154,7 +89,7 @@ def bitfit(model, head=None):
             f"normalisation offset and its head trains nothing. Received: model={model.name!r}"
         )
     return BitFitSummary(
-        trainable_params=sum(_size(v) for v in trainable),
+        trainable_params=heads_lib.parameter_count(trainable),
         total_params=int(model.count_params()),
         trainable=[v.path for v in trainable],
         head=[layer.name for layer in heads],

@@ -22,7 +22,7 @@ import tensorflow as tf
 from tfdp.dp import adapted_state
 from tfdp.dp import layer_taps
 from tfdp.dp import model_probe
-from tfdp.dp import rules
+from tfdp.finetune import heads as heads_lib
 
 # Features cached per call of the backbone, by default. The check for
 # mixing examples probes batches of this many rows, at a cost that grows
@@ -33,43 +33,6 @@ MODE_PROBE_ROWS = model_probe.MIN_PROBE_ROWS
 # Relative tolerance (to the largest magnitude, at least 1) under which the
 # outputs of the two modes count as equal: float round-off, not a change.
 MODE_TOLERANCE = 1e-5
-
-
-def _layers(model):
-    return list(model._flatten_layers(include_self=False, recursive=True))
-
-
-def _last_dense_layer(model):
-    """The last layer, in the model's top-level order, on the "dense" clipping rule."""
-    dense = [layer for layer in model.layers
-             if layer.weights and rules.rule_for(layer).name == "dense"]
-    if not dense:
-        raise ValueError(
-            "split_last_layer found no head: the model has no Dense layer in its top-level "
-            "graph. Pass the first layer of the head as `head`. "
-            f"Received: model={model.name!r}, head=None"
-        )
-    return dense[-1]
-
-
-def _head_layers(model, head):
-    """The top-level layers that `head` names: a layer, a name, or a list of either."""
-    items = [head] if isinstance(head, str) or not isinstance(head, (list, tuple)) else head
-    if not items:
-        raise ValueError(f"split_last_layer: `head` names no layer. Received: head={head!r}")
-    found = []
-    for item in items:
-        if isinstance(item, str):
-            layer = next((layer for layer in model.layers if layer.name == item), None)
-        else:
-            layer = next((layer for layer in model.layers if layer is item), None)
-        if layer is None:
-            raise ValueError(
-                f"split_last_layer: the head {item!r} is not a layer of the top-level "
-                f"graph of the model {model.name!r}. Received: head={head!r}"
-            )
-        found.append(layer)
-    return found
 
 
 def split_last_layer(model, head=None):
@@ -118,7 +81,7 @@ def split_last_layer(model, head=None):
             "split_last_layer needs a Functional or Sequential model with one input and "
             f"one output (a graph of layers to cut). Received: model={model.name!r}"
         )
-    heads = [_last_dense_layer(model)] if head is None else _head_layers(model, head)
+    heads = heads_lib.heads_of(model, head, "split_last_layer", top_level=True)
     order = {id(layer): i for i, layer in enumerate(model.layers)}
     first = min(heads, key=lambda layer: order[id(layer)])
     if len(first._inbound_nodes) != 1:
@@ -182,7 +145,7 @@ def _layer_calls(model, x, training):
 
         return call
 
-    for layer in _layers(model):
+    for layer in heads_lib.all_layers(model):
         patched.append((layer, layer.__dict__.get("call")))
         layer.call = wrap(layer, layer.call)
     try:
@@ -300,7 +263,7 @@ def check_cacheable(backbone, x=None, batch_size=DEFAULT_BATCH_SIZE):
     Raises:
         ValueError: naming the first layer that fails a condition above.
     """
-    for layer in [*_layers(backbone), backbone]:
+    for layer in [*heads_lib.all_layers(backbone), backbone]:
         trainable = layer_taps.own_trainable_variables(layer)
         if trainable:
             raise ValueError(

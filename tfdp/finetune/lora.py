@@ -12,14 +12,12 @@ clipping a few thousand floats per example rather than its kernel's size.
 """
 
 import dataclasses
-import math
 
 import keras
 import numpy as np
 
 from tfdp.dp import rules
-from tfdp.finetune.bitfit import default_head
-from tfdp.finetune.bitfit import named_heads
+from tfdp.finetune import heads as heads_lib
 
 # Layers Keras can enable LoRA on and the `lora` rule has a route for.
 LORA_LAYERS = (keras.layers.Dense, keras.layers.EinsumDense, keras.layers.Conv1D,
@@ -53,10 +51,6 @@ class LoraSummary:
         return (f"LoRA r={self.rank}: {self.trainable_params:,} of {self.total_params:,} "
                 f"parameters train ({share:.2%}): factors on {len(self.adapted)} layers, the "
                 f"head {', '.join(repr(h) for h in self.head)} whole")
-
-
-def _size(variable):
-    return math.prod(int(n) for n in variable.shape)
 
 
 def _check_rank(rank, lora_alpha):
@@ -135,8 +129,7 @@ def lora(model, rank, head=None, lora_alpha=None, train_offsets=False):
             "lora needs a built model (its variables exist once it is built). "
             f"Received: model={model.name!r} (not built)"
         )
-    heads = (default_head(model, "lora") if head is None
-             else named_heads(model, head, "lora"))
+    heads = heads_lib.heads_of(model, head, "lora")
     for layer in heads:
         if getattr(layer, "lora_enabled", False):
             raise ValueError(
@@ -145,7 +138,7 @@ def lora(model, rank, head=None, lora_alpha=None, train_offsets=False):
             )
     head_ids = {id(layer) for layer in heads}
     adapted = []
-    for layer in model._flatten_layers(include_self=False, recursive=True):
+    for layer in heads_lib.all_layers(model):
         if id(layer) in head_ids or not isinstance(layer, LORA_LAYERS) or not layer.weights:
             continue
         if getattr(layer, "lora_enabled", False):
@@ -184,7 +177,7 @@ def lora(model, rank, head=None, lora_alpha=None, train_offsets=False):
     return LoraSummary(
         rank=int(rank),
         lora_alpha=float(rank if lora_alpha is None else lora_alpha),
-        trainable_params=sum(_size(v) for v in trainable),
+        trainable_params=heads_lib.parameter_count(trainable),
         total_params=int(model.count_params()),
         trainable=[v.path for v in trainable],
         adapted=[layer.name for layer in adapted],
@@ -194,7 +187,7 @@ def lora(model, rank, head=None, lora_alpha=None, train_offsets=False):
 
 def lora_layers(model):
     """The model's layers with LoRA enabled, in layer order."""
-    return [layer for layer in model._flatten_layers(include_self=False, recursive=True)
+    return [layer for layer in heads_lib.all_layers(model)
             if getattr(layer, "lora_enabled", False)]
 
 

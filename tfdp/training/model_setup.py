@@ -4,9 +4,11 @@ import os
 
 from tfdp import distribute
 from tfdp import dp
+from tfdp import finetune
 from tfdp import models
 from tfdp import optim
 from tfdp.training import evaluation
+from tfdp.training import model_config
 from tfdp.training import reporting
 
 
@@ -36,7 +38,37 @@ def build_model(strategy, info, config, *, mixed_precision, dry_run):
     if freeze_sub_blocks:
         models.freeze_sub_blocks(model, freeze_sub_blocks)
         reporting.log(f"froze the first {freeze_sub_blocks} of {models.FREEZABLE_SUB_BLOCKS}")
+    apply_finetune(model, config, strategy)
     return model
+
+
+def apply_finetune(model, config, strategy):
+    """Narrows what trains to `config.finetune`'s share and logs it (nothing for "full").
+
+    Args:
+        model: keras.Model. Built, initialised and frozen as asked.
+        config: `tfdp.training.ModelConfig`.
+        strategy: `tf.distribute.Strategy`: LoRA's factors are variables,
+            made in its scope.
+
+    Returns:
+        The mode's summary (`tfdp.finetune`), or None for "full".
+    """
+    mode = config.finetune
+    if mode == "full":
+        return None
+    if not config.init_checkpoint:
+        reporting.log(f"warning: finetune={mode!r} without ModelConfig.init_checkpoint trains "
+                      "part of a freshly initialised model")
+    with strategy.scope():
+        if mode == "last_layer":
+            summary = finetune.last_layer(model)
+        elif mode == "bitfit":
+            summary = finetune.bitfit(model)
+        else:
+            summary = finetune.lora(model, config.lora_rank or model_config.DEFAULT_LORA_RANK)
+    reporting.log(f"fine-tuning: {summary}")
+    return summary
 
 
 def make_schedule(lr_schedule, *, base_lr, logical_batch_size, total_steps, warmup_steps):
