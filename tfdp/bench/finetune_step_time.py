@@ -1,7 +1,8 @@
 """Step time of parameter-efficient private fine-tuning against full fine-tuning.
 
 Times one private step (`tfdp.dp.PrivateTrainStep`: accumulate one physical
-batch, then apply) of the same ViT under full fine-tuning, LoRA at each rank
+batch, then apply) of the same model (a ViT, or with `--model=convnet` the
+default run's small convnet at 28 px) under full fine-tuning, LoRA at each rank
 asked for, and BiTFiT, for each clipping method. The variants run in
 interleaved rounds (every variant once per round, in turn), so that a slow
 spell of a shared machine hits all of them; each round times `steps` steps
@@ -11,6 +12,8 @@ after a warm-up, and the figure is the median over all timed steps.
 
 The defaults are docs/FINETUNING.md's: 32 px, patch 4, width 64, depth 4,
 4 heads, batch 64, methods bk and mixed, LoRA r = 4 and 8.
+
+    python -m tfdp.bench.finetune_step_time --model=convnet --batch 256
 """
 
 import argparse
@@ -30,15 +33,17 @@ def per_example_xent(y, logits):
     return keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
 
 
-def build_vit(args):
+def build_model(args):
     keras.utils.set_random_seed(0)
-    return tfdp.models.vit(10, (args.size, args.size, 3), patch_size=args.patch,
+    if args.model == "convnet":
+        return tfdp.models.small_convnet(10, (args.size, args.size, args.channels))
+    return tfdp.models.vit(10, (args.size, args.size, args.channels), patch_size=args.patch,
                            width=args.width, depth=args.depth, num_heads=args.heads)
 
 
 def make_variant(name, args, method):
     """(model, step, trainable parameters) of one variant: "full", "bitfit" or "lora<r>"."""
-    model = build_vit(args)
+    model = build_model(args)
     if name == "bitfit":
         trainable = tfdp.finetune.bitfit(model).trainable_params
     elif name.startswith("lora"):
@@ -54,7 +59,9 @@ def make_variant(name, args, method):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", type=int, default=32)
+    parser.add_argument("--model", default="vit", choices=("vit", "convnet"))
+    parser.add_argument("--size", type=int, default=None,
+                        help="image size; default 32 for the ViT, 28 for the convnet")
     parser.add_argument("--patch", type=int, default=4)
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--depth", type=int, default=4)
@@ -65,8 +72,10 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args(argv)
+    args.size = args.size or (28 if args.model == "convnet" else 32)
+    args.channels = 1 if args.model == "convnet" else 3
     rng = np.random.default_rng(0)
-    x = tf.constant(rng.normal(size=(args.batch, args.size, args.size, 3)), tf.float32)
+    x = tf.constant(rng.normal(size=(args.batch, args.size, args.size, args.channels)), tf.float32)
     y = tf.constant(rng.integers(0, 10, args.batch))
     w = tf.ones([args.batch])
     runs = {}
@@ -84,9 +93,11 @@ def main(argv=None):
                 step.accumulate(x, y, w)
                 step.apply()
                 times.append(time.perf_counter() - start)
-    print(f"ViT {args.size}px patch {args.patch} width {args.width} depth {args.depth} "
-          f"heads {args.heads}, batch {args.batch}; medians of {args.rounds} interleaved "
-          f"rounds of {args.steps} steps")
+    what = (f"small convnet {args.size}px" if args.model == "convnet" else
+            f"ViT {args.size}px patch {args.patch} width {args.width} depth {args.depth} "
+            f"heads {args.heads}")
+    print(f"{what}, batch {args.batch}; medians of {args.rounds} interleaved rounds of "
+          f"{args.steps} steps")
     print(f"{'method':<8} {'variant':<8} {'trainable':>10} {'ms/step':>9} {'vs full':>8}")
     for (method, name), (_, trainable, times) in runs.items():
         median = statistics.median(times) * 1e3
