@@ -24,7 +24,7 @@ _ROOT = pathlib.Path(__file__).resolve().parent.parent / "tfdp"
 # and the trainer's gin values before TensorFlow's import.
 _CLIP_RULE_CALLERS = {
     "tfdp/dpsgd_config.py",
-    "tfdp/dp/clipping.py",
+    "tfdp/dp/clip_rule.py",  # `ClipRule`: C of every clipping method.
     "tfdp/dp/jacobian_clipping.py",  # The engine's clipping of a loss vector and its tape.
     "tfdp/privacy/ledger.py",
     "tfdp/train.py",

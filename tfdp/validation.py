@@ -139,7 +139,7 @@ def validate_clipping(clipping):
     """How each unit's gradient is bounded: "standard" or "automatic".
 
     "standard" scales g by min(1, C/‖g‖); "automatic" by C/(‖g‖ + γ)
-    (`tfdp.dp.clipping.clip_coefficients`). Both bound the contribution by C.
+    (`tfdp.dp.clip_rule.clip_coefficients`). Both bound the contribution by C.
     """
     if clipping not in CLIPPING_RULES:
         raise ValueError(

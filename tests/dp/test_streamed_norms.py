@@ -215,7 +215,7 @@ class StreamedMemoryTest(tf.test.TestCase):
             self.assertLess(ratio_large, ratio_small + 0.09, (method, small, large))
         # The same measurement does see a path that keeps more: 3 or 4 x 8 MiB
         # at 128 px, by the order of independent ops (24 and 32 MiB measured on
-        # the same code). (`clipping._recorded`, which asks the tape for every
+        # the same code). (`tapped_clipping._recorded`, which asks the tape for every
         # output gradient at once, measured 1.12-1.41x here while the GroupNorm
         # rule recomputed x̂; with the statistics its tap keeps, it is level.)
         self.assertGreaterEqual(large["kept"], large["nonprivate"] + 24, (small, large))

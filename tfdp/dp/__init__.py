@@ -2,9 +2,9 @@
 
 from tfdp.dp.adapted_state import declare_public
 from tfdp.dp.adapted_state import find_adapted_state
+from tfdp.dp.clip_rule import clip_coefficients
 from tfdp.dp.clipping import METHODS
 from tfdp.dp.clipping import TAPE_METHODS
-from tfdp.dp.clipping import clip_coefficients
 from tfdp.dp.clipping import clipped_grad_sum
 from tfdp.dp.clipping import default_weight_decay_variables
 from tfdp.dp.clipping import resolve_method

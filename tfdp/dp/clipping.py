@@ -22,10 +22,14 @@ clipped sum is formed from exactly what its norm was computed from. So
 that pass computes the same thing (float32 ghost-norm conv/dense/embedding
 layers); the others (mixed precision, layers whose per-example gradients are
 recomputed, e.g. with in-layer dropout) are summed from their rule's factors
-as in "bk". Models that per-layer
+as in "bk" (`tapped_clipping`). Models that per-layer
 clipping cannot bound are refused (`model_probe`): a layer reading another
 layer's variable (tied weights) makes "auto" use "vectorized"; a layer that
 mixes examples is refused by every method.
+
+Every method turns norms into factors with `clip_rule.clip_coefficients`
+and differentiates the losses of `example_losses`; this module chooses the
+method (`resolve_method`) and runs "naive" and "vectorized" itself.
 
 A sixth, "jacobian" (`TAPE_METHODS`), clips a loss vector with the tape that
 recorded it, where there is no model to tap (TF-Privacy's custom loop):
@@ -38,13 +42,17 @@ import re
 import tensorflow as tf
 
 from tfdp import validation
+from tfdp.dp import example_losses
 from tfdp.dp import layer_grads
 from tfdp.dp import layer_taps
 from tfdp.dp import model_probe
-from tfdp.dp import norm_stream
 from tfdp.dp import rules
+from tfdp.dp import tapped_clipping
+from tfdp.dp.clip_rule import ClipRule
+from tfdp.dp.clip_rule import clip_coefficients  # noqa: F401  (public here too)
 from tfdp.dp.rules.registry import TAPPED_METHODS
 from tfdp.dp.rules.registry import weighted_sum
+from tfdp.dp.tapped_clipping import uncovered_variables
 
 METHODS = ("naive", "vectorized", "ghost", "mixed", "bk", "auto")
 # Methods of a loss vector and its tape, not of a model: never chosen by
@@ -58,66 +66,6 @@ def default_weight_decay_variables(model):
     Each layer's rule answers for its variables (`rules.Rule.decays`).
     """
     return rules.weight_decay_variables(model)
-
-
-def clip_coefficients(norms, l2_norm_clip, mask, clipping="standard",
-                      clipping_gamma=validation.DEFAULT_CLIPPING_GAMMA):
-    """Each unit's factor c_i, zero for padding and for non-finite gradients.
-
-    - "standard": c_i = min(1, C/‖g_i‖), clipping (Abadi et al. 2016).
-    - "automatic": c_i = C/(‖g_i‖ + γ), normalising (Bu et al. 2023, AUTO-S):
-      every unit contributes C·g_i/(‖g_i‖ + γ), of norm below C, so the
-      sensitivity (and ε) is that of clipping to C, and no C needs tuning
-      (it only scales the update, as the learning rate does).
-
-    An example whose gradient is NaN/Inf contributes nothing: dropping one
-    example's contribution keeps the sensitivity bound. This is the one place
-    where a unit's factor is computed, for every clipping method.
-
-    Args:
-        norms: float tensor `[B]`. The units' gradient norms.
-        l2_norm_clip: float. C.
-        mask: float tensor `[B]`. 1 for real units, 0 for padding.
-        clipping: str. "standard" or "automatic". Defaults to "standard".
-        clipping_gamma: float. γ of "automatic". Defaults to 0.01.
-    """
-    norms = tf.convert_to_tensor(norms)
-    clip = tf.cast(l2_norm_clip, norms.dtype)
-    if clipping == "automatic":
-        coeffs = clip / (norms + tf.cast(clipping_gamma, norms.dtype))
-    else:
-        coeffs = clip / tf.maximum(norms, clip)
-    coeffs = tf.where(tf.math.is_finite(norms), coeffs, tf.zeros_like(coeffs))
-    return coeffs * mask
-
-
-class ClipRule:
-    """C and the rule that turns a unit's norm into its factor (`clip_coefficients`).
-
-    Args:
-        l2_norm_clip: float. C > 0.
-        clipping: str. "standard" or "automatic". Defaults to "standard".
-        clipping_gamma: float. γ > 0 of "automatic". Defaults to 0.01.
-    """
-
-    def __init__(self, l2_norm_clip, clipping="standard",
-                 clipping_gamma=validation.DEFAULT_CLIPPING_GAMMA):
-        self.l2_norm_clip = validation.validate_l2_norm_clip(l2_norm_clip)
-        self.clipping = validation.validate_clipping(clipping)
-        self.clipping_gamma = validation.validate_clipping_gamma(clipping_gamma)
-
-    def coefficients(self, norms, mask):
-        """The units' factors (`clip_coefficients`)."""
-        return clip_coefficients(norms, self.l2_norm_clip, mask, self.clipping,
-                                 self.clipping_gamma)
-
-
-def uncovered_variables(model):
-    """Trainable variables that no tapped layer owns (e.g. a composite layer's)."""
-    covered = set()
-    for layer in layer_taps.tapped_layers(model):
-        covered.update(id(v) for v in layer_taps.own_trainable_variables(layer))
-    return [v for v in model.trainable_variables if id(v) not in covered]
 
 
 def resolve_method(model, method, x=None):
@@ -239,47 +187,15 @@ def clipped_grad_sum(
     sample_weight = tf.cast(tf.reshape(sample_weight, [-1]), tf.float32)
     if weight_decay and weight_decay_variables is None:
         weight_decay_variables = default_weight_decay_variables(model)
-    decay = _WeightDecay(weight_decay, weight_decay_variables or [])
-    batch = _Batch(sample_weight, k)
+    decay = example_losses.WeightDecay(weight_decay, weight_decay_variables or [])
+    batch = example_losses.ExampleBatch(sample_weight, k)
     args = (model, per_example_loss_fn, x, y, batch, rule, decay, training)
     if method == "naive":
         return _naive(*args)
     if method == "vectorized":
         return _vectorized(*args)
-    return _tapped(*args, method=method)
+    return tapped_clipping.tapped_clipped_sum(*args, method=method)
 
-
-class _WeightDecay:
-    def __init__(self, coefficient, variables):
-        self.coefficient = float(coefficient)
-        self.ids = {id(v) for v in variables} if self.coefficient else set()
-        self.variables = list(variables) if self.coefficient else []
-
-    def applies(self, variable):
-        return id(variable) in self.ids
-
-    def penalty(self):
-        if not self.variables:
-            return 0.0
-        return 0.5 * self.coefficient * tf.add_n(
-            [tf.reduce_sum(tf.square(v)) for v in self.variables]
-        )
-
-
-class _Batch:
-    """Row weights (loss scale, 1/K folded in) and per-example masks."""
-
-    def __init__(self, sample_weight, k):
-        self.k = k
-        self.row_weights = sample_weight / float(k)
-        real_rows = tf.cast(sample_weight > 0, tf.float32)
-        self.mask = tf.reduce_max(tf.reshape(real_rows, [-1, k]), 1) if k > 1 else real_rows
-
-
-def _per_example_losses(model, loss_fn, x, y, weights, training):
-    predictions = model(x, training=training)
-    losses = tf.reshape(loss_fn(y, predictions), [-1])
-    return tf.cast(losses, tf.float32) * weights
 
 
 def _naive(model, loss_fn, x, y, batch, clip, decay, training):
@@ -290,7 +206,7 @@ def _naive(model, loss_fn, x, y, batch, clip, decay, training):
     for i in range(int(x.shape[0]) // k):
         rows = slice(i * k, (i + 1) * k)
         with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(_per_example_losses(
+            loss = tf.reduce_sum(example_losses.per_example_losses(
                 model, loss_fn, x[rows], y[rows], batch.row_weights[rows], training
             ))
             loss = loss + mask[i] * decay.penalty()
@@ -318,7 +234,7 @@ def _vectorized(model, loss_fn, x, y, batch, clip, decay, training):
     def one_example(args):
         x_i, y_i, w_i, m_i = args  # k rows each.
         with layer_taps.recording("vectorized"), tf.GradientTape() as tape:
-            loss = tf.reduce_sum(_per_example_losses(model, loss_fn, x_i, y_i, w_i, training))
+            loss = tf.reduce_sum(example_losses.per_example_losses(model, loss_fn, x_i, y_i, w_i, training))
             loss = loss + m_i * decay.penalty()
         return tape.gradient(
             loss, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO
@@ -358,222 +274,3 @@ def _refuse_miscomputed_vectorization(model, found):
         f"Received: method='vectorized', layer={layer!r}"
     )
 
-
-def _group_records(records):
-    groups = {}
-    order = []
-    for record in records:
-        key = id(record.layer)
-        if key not in groups:
-            groups[key] = []
-            order.append(key)
-        groups[key].append(record)
-    return [groups[k] for k in order]
-
-
-def _check_covered(model, method):
-    uncovered = uncovered_variables(model)
-    if uncovered:
-        raise ValueError(
-            f"method={method!r} needs every trainable variable to be owned by "
-            "a leaf layer that uses it in its own call. Not covered: "
-            f"{[v.path for v in uncovered]}. Use method='vectorized'. "
-            f"Received: method={method!r}"
-        )
-
-
-def _layer_sq_norms(layer_clip, decay, mask):
-    """[B] squared norms of a layer's per-example gradients, weight decay included."""
-    wd_per_example = decay.coefficient * mask
-    total = tf.zeros_like(mask)
-    for v in layer_clip.variables:
-        sq = layer_clip.sq_norm(v)
-        if decay.applies(v):
-            # ‖g_i + wd·v‖² = ‖g_i‖² + 2·wd·⟨g_i, v⟩ + wd²‖v‖².
-            sq += 2.0 * wd_per_example * layer_clip.dot(v)
-            sq += tf.square(wd_per_example) * tf.reduce_sum(tf.square(v))
-        total += sq
-    return total
-
-
-def _clip_after_output_grads(records, output_grads, context):
-    """The layer's `LayerClip`, its work started only once its output gradients exist.
-
-    The executor runs an op as soon as its inputs exist, so work that reads
-    only the layer's input (GroupNorm's x̂, a conv's pixel Gram) would
-    otherwise run right after the forward pass and be held for every layer
-    at once.
-    """
-    layer = records[0].layer
-    with tf.control_dependencies(output_grads):
-        return layer._tfdp_rule.clip(layer, records, output_grads, context)
-
-
-def _with_decay(sums, variables, decay, coeffs):
-    total_coeff = tf.reduce_sum(coeffs)
-    return [
-        g + decay.coefficient * total_coeff * v if decay.applies(v) else g
-        for g, v in zip(sums, variables)
-    ]
-
-
-def _second_backward(tape, losses, variables, coeffs, k):
-    """Σ_i c_i·∂L_i/∂v for `variables` by a backward pass on the weighted losses."""
-    if not variables:
-        return {}
-    row_coeffs = tf.repeat(coeffs, k) if k > 1 else coeffs
-    result = tape.gradient(
-        losses, variables, output_gradients=row_coeffs,
-        unconnected_gradients=tf.UnconnectedGradients.ZERO,
-    )
-    # Embedding gradients come back as IndexedSlices: return dense sums.
-    return {id(v): tf.convert_to_tensor(g) for v, g in zip(variables, result)}
-
-
-def _tapped(model, loss_fn, x, y, batch, clip, decay, training, *, method):
-    _check_covered(model, method)
-    rules.install_taps(model)
-    return _streamed(model, loss_fn, x, y, batch, clip, decay, training, method=method)
-
-
-def _recorded(model, loss_fn, x, y, batch, clip, decay, training, *, method):
-    """The fallback of "ghost" and "mixed" for a batch with a non-finite example.
-
-    Every layer's output gradient is asked of the tape at once and kept, so
-    that the sums can be formed from factors with the example's rows zeroed.
-    All are alive together: memory is about that of the first pass plus
-    every output gradient, which is why this is only the rare fallback of
-    `_streamed`.
-    """
-    variables = model.trainable_variables
-    mask, k = batch.mask, batch.k
-    with tf.GradientTape(persistent=True) as tape:
-        with layer_taps.recording() as recorder:
-            losses = _per_example_losses(model, loss_fn, x, y, batch.row_weights, training)
-        total = tf.reduce_sum(losses)
-    records = recorder.records
-    output_grads = tape.gradient(
-        total,
-        [r.outputs for r in records],
-        unconnected_gradients=tf.UnconnectedGradients.ZERO,
-    )
-    grad_of = {id(r): g for r, g in zip(records, output_grads)}
-
-    context = rules.ClipContext(method, k)
-    sq_norms = tf.zeros_like(mask)
-    clips = []  # Sums deferred: the coefficients are known only after all norms.
-    for group in _group_records(records):
-        clips.append(_clip_after_output_grads(group, [grad_of[id(r)] for r in group], context))
-        sq_norms += _layer_sq_norms(clips[-1], decay, mask)
-
-    norms = tf.sqrt(sq_norms)
-    coeffs = clip.coefficients(norms, mask)
-
-    def book_keeping(keep=None, skip=()):
-        by_variable = {}
-        for layer_clip in clips:
-            for v in layer_clip.variables:
-                if id(v) not in skip:
-                    by_variable[id(v)] = layer_clip.clipped_sum(v, coeffs, keep)
-        return by_variable
-
-    def second_backward():
-        # Only the layers whose backward pass computes what their norm was
-        # computed from; the others are summed from their factors.
-        backward = [v for c in clips if c.from_backward for v in c.variables]
-        by_variable = book_keeping(skip={id(v) for v in backward})
-        by_variable.update(_second_backward(tape, losses, backward, coeffs, k))
-        return by_variable
-
-    def in_order(by_variable):
-        sums = [by_variable.get(id(v), tf.zeros_like(v)) for v in variables]
-        return _with_decay(sums, variables, decay, coeffs)
-
-    # A NaN/Inf example (zero coefficient) would still poison a sum through
-    # NaN·0, so when there is one the sums are formed by book-keeping from
-    # inputs and output gradients with that example's rows zeroed.
-    finite = tf.math.is_finite(norms)
-    result = tf.cond(
-        tf.reduce_all(finite),
-        lambda: in_order(second_backward()),
-        lambda: in_order(book_keeping(keep=finite)),
-    )
-    return result, norms
-
-
-def _streamed(model, loss_fn, x, y, batch, clip, decay, training, *, method):
-    """Norms streamed through the backward pass, layer by layer (`norm_stream`).
-
-    What each layer needs for its clipped sum is kept as its output gradient
-    appears, and the rest freed, so peak memory stays near non-private
-    training's: instantiated per-example gradients (layers with large T,
-    where they are small), or the input and output gradient (ghost norms,
-    small T). "bk" forms every sum from these. "ghost" and "mixed" keep only
-    the former and take the ghost layers' sums from a second backward pass
-    on Σ_i c_i·L_i, which stops at the lowest ghost layer: less memory where
-    the ghost layers' output gradients are large, more time. Layers called
-    several times, or whose output cannot be wrapped, have their output
-    gradients asked of the tape as in `_recorded`.
-    """
-    variables = model.trainable_variables
-    mask, k = batch.mask, batch.k
-    context = rules.ClipContext(method, k)
-    book_keeping = method == "bk"
-    stream = norm_stream.NormStream(
-        tf.shape(mask)[0], context, lambda c: _layer_sq_norms(c, decay, mask),
-        keep_all=book_keeping,
-    )
-    with tf.GradientTape(persistent=True) as tape:
-        tape.watch(stream.norm_input)
-        with layer_taps.recording(on_record=stream.tap) as recorder:
-            losses = _per_example_losses(model, loss_fn, x, y, batch.row_weights, training)
-        total = tf.reduce_sum(losses)
-    groups = _group_records(recorder.records)
-    streaming = [g for g in groups if stream.can_stream(g)]
-    recorded = [g for g in groups if not stream.can_stream(g)]
-    recorded_calls = [r for g in recorded for r in g]
-
-    stream.start([g[0].layer for g in streaming])
-    first = tape.gradient(
-        total,
-        [stream.norm_input] + [r.outputs for r in recorded_calls],
-        unconnected_gradients=tf.UnconnectedGradients.ZERO,
-    )
-    stream.stop()
-    sq_norms = first[0]
-    grad_of = {id(r): g for r, g in zip(recorded_calls, first[1:])}
-    clips = list(stream.kept_clips)
-    for group in recorded:
-        clips.append(_clip_after_output_grads(group, [grad_of[id(r)] for r in group], context))
-        sq_norms += _layer_sq_norms(clips[-1], decay, mask)
-
-    norms = tf.sqrt(sq_norms)
-    coeffs = clip.coefficients(norms, mask)
-
-    from_factors = [c for c in clips if book_keeping or not c.from_backward]
-
-    def summed(keep=None):
-        skip = {id(v) for c in from_factors for v in c.variables}
-        by_variable = _second_backward(
-            tape, losses, [v for v in variables if id(v) not in skip], coeffs, k
-        )
-        for layer_clip in from_factors:
-            for v in layer_clip.variables:
-                by_variable[id(v)] = layer_clip.clipped_sum(v, coeffs, keep)
-        sums = [by_variable[id(v)] for v in variables]
-        return _with_decay(sums, variables, decay, coeffs)
-
-    finite = tf.math.is_finite(norms)
-    if book_keeping:
-        # Every sum is formed from kept factors, which can drop a non-finite
-        # example's rows (NaN·0 is NaN: a zero coefficient alone cannot).
-        return tf.cond(tf.reduce_all(finite), summed, lambda: summed(keep=finite)), norms
-
-    def recompute():
-        # A backward pass cannot drop a non-finite example's rows. Rare, so
-        # this path recomputes with every output gradient kept.
-        return _recorded(
-            model, loss_fn, x, y, batch, clip, decay, training, method=method
-        )[0]
-
-    return tf.cond(tf.reduce_all(finite), summed, recompute), norms

@@ -6,10 +6,10 @@ leaf layer owns, and optionally the layers on chosen rules. Fine-tuning
 (`tfdp.models.load_pretrained`) calls it after building the model.
 """
 
-from tfdp.dp import clipping
 from tfdp.dp import layer_taps
 from tfdp.dp import model_probe
 from tfdp.dp import rules
+from tfdp.dp import tapped_clipping
 
 
 def _layers_with_paths(model, path=""):
@@ -32,7 +32,7 @@ def freeze_unclippable(model, freeze_rules=()):
       (tied weights; `model_probe`): the tapped methods refuse them, so
       their owners are frozen;
     - which trainable variables no leaf layer owns
-      (`clipping.uncovered_variables`): those variables are frozen;
+      (`tapped_clipping.uncovered_variables`): those variables are frozen;
     - with `freeze_rules`, which layers the registry gives one of those
       rules (`rules.rule_for`), e.g. `("generic",)` for every layer clipped
       only through per-example VJPs, as Bu et al. 2022 froze the modules
@@ -69,7 +69,7 @@ def freeze_unclippable(model, freeze_rules=()):
                 if layer.trainable:
                     layer.trainable = False
                     frozen.append(f"{path} (variable {read.variable} read by '{read.reader}')")
-    for variable in clipping.uncovered_variables(model):
+    for variable in tapped_clipping.uncovered_variables(model):
         variable.trainable = False
         frozen.append(f"{variable.path} (owned by no leaf layer)")
     if freeze_rules:

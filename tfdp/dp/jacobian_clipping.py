@@ -7,7 +7,7 @@ the `tf.GradientTape` that recorded it. There is no model to tap and no
 function to call again, so the per-unit gradients are the rows of the
 Jacobian of that vector, `tape.jacobian(losses, variables)`: one backward
 pass per row (vectorized by `pfor`), each example's gradient instantiated.
-The rows are clipped with the engine's `clipping.clip_coefficients`, so the
+The rows are clipped with the engine's `clip_rule.clip_coefficients`, so the
 sum is the one the naive loop would form from the same units.
 
 A unit is one row of `losses`: an example, or a microbatch whose row is the
@@ -29,7 +29,7 @@ import keras
 import tensorflow as tf
 
 from tfdp import validation
-from tfdp.dp import clipping as clipping_lib
+from tfdp.dp import clip_rule
 
 
 def jacobian_clipped_sum(tape, losses, variables, l2_norm_clip, *,
@@ -40,7 +40,7 @@ def jacobian_clipped_sum(tape, losses, variables, l2_norm_clip, *,
     The clipping method of a loss vector recorded by a tape, with no model to
     tap ("jacobian", `clipping.TAPE_METHODS`): the rows of
     `tape.jacobian(losses, variables)` are each clipped to norm C with
-    `clipping.clip_coefficients` and summed.
+    `clip_rule.clip_coefficients` and summed.
 
     Args:
         tape: `tf.GradientTape`. Recorded `losses`; a non-persistent tape is
@@ -54,7 +54,7 @@ def jacobian_clipped_sum(tape, losses, variables, l2_norm_clip, *,
             not reach gets zero gradients instead of an error. Defaults to
             False.
         clipping: str. "standard" or "automatic"
-            (`clipping.clip_coefficients`). Defaults to "standard".
+            (`clip_rule.clip_coefficients`). Defaults to "standard".
         clipping_gamma: float. γ of "automatic". Defaults to 0.01.
 
     Returns:
@@ -68,7 +68,7 @@ def jacobian_clipped_sum(tape, losses, variables, l2_norm_clip, *,
             `unconnected_gradients_to_zero`, for a variable that `losses`
             does not reach.
     """
-    rule = clipping_lib.ClipRule(l2_norm_clip, clipping, clipping_gamma)
+    rule = clip_rule.ClipRule(l2_norm_clip, clipping, clipping_gamma)
     losses = tf.convert_to_tensor(losses)
     if losses.shape.rank != 1:
         raise ValueError(

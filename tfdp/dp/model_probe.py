@@ -56,40 +56,37 @@ mix examples only in batches of some size, e.g. from 4 rows on):
   (a running mean, a BatchNorm subclass updating its statistics): it is
   reported by the layer and variable that hold it.
 
+The probe batches come from `probe_batches`, the random state from
+`random_state`, and each pass's record of layer calls from `layer_trace`.
 Results are cached per model, input signature, rows, value ranges and set of
 trainable variables.
 """
 
 import dataclasses
-import itertools
-import math
 import random
 import threading
 import weakref
 
-import keras
 import numpy as np
 import tensorflow as tf
-from keras.src.random import seed_generator as keras_seed_generator
 
 from tfdp.dp import layer_taps
+from tfdp.dp.layer_trace import DIGEST_CHUNK  # noqa: F401  (public here too)
+from tfdp.dp.layer_trace import TOLERANCE
+from tfdp.dp.layer_trace import Digester
+from tfdp.dp.layer_trace import digests_same
+from tfdp.dp.layer_trace import traced_forward
+from tfdp.dp.layer_trace import variable_id
+from tfdp.dp.probe_batches import FLOAT_RANGES  # noqa: F401  (public here too)
+from tfdp.dp.probe_batches import changed_row_sets
+from tfdp.dp.probe_batches import probe_inputs
+from tfdp.dp.probe_batches import probe_value_ranges
+from tfdp.dp.random_state import RandomState
+from tfdp.dp.random_state import generators  # noqa: F401  (public here too)
 
 # The fewest rows a probe batch has, whatever the batch size: a layer that
 # mixes examples only from some batch size on must be probed at that size.
 MIN_PROBE_ROWS = 4
-# Values per signed sum in a layer call's digest: a row of d values is kept
-# as d / DIGEST_CHUNK sums of DIGEST_CHUNK values with fixed random signs, so
-# a change to one value moves one sum by that much (as the elementwise
-# comparison would see it), while float noise between two passes, summed
-# over DIGEST_CHUNK values, stays far below `TOLERANCE`.
-DIGEST_CHUNK = 16
-# Relative tolerance of a comparison: float noise between two passes is far
-# below it; a layer that mixes examples moves its other rows far above it.
-TOLERANCE = 1e-4
-# Ranges of real-valued inputs that the probe draws batches from, besides the
-# standard normal (standardized data): [0, 1] and [-1, 1] images, 0-255
-# pixels as floats. Public facts about image data, not measured on it.
-FLOAT_RANGES = ((0.0, 1.0), (-1.0, 1.0), (0.0, 255.0))
 # Trials, each from its own random state, for a model that draws random values
 # in training: mixing that happens on a fraction p of the draws is missed with
 # probability (1 - p) ** RANDOM_TRIALS (1/4096 for p = 1/2).
@@ -262,119 +259,6 @@ def _signature(model, x):
     return shape, tf.as_dtype(dtype).name
 
 
-def _as_range(value_range):
-    """`(low, high)` as two tuples of floats (one value when all channels agree)."""
-    low, high = (np.asarray(bound, np.float64).reshape(-1) for bound in value_range)
-    if low.size and np.all(low == low[0]) and np.all(high == high[0]):
-        low, high = low[:1], high[:1]
-    return tuple(float(v) for v in low), tuple(float(v) for v in high)
-
-
-def probe_value_ranges(dtype, ranges=()):
-    """The value distributions that probe batches of `dtype` are drawn from.
-
-    Args:
-        dtype: the input dtype.
-        ranges: sequence of `(low, high)`. Public ranges of the inputs that
-            the route knows (each bound a float or one per channel), added
-            to the typical ones. Defaults to `()`.
-
-    Returns:
-        list, one entry per distribution, for `probe_inputs`'
-        `value_range`: None (the standard normal; for integer inputs, the
-        dtype's own values, see `probe_inputs`) first, then for real-valued
-        inputs each of `FLOAT_RANGES` and `ranges` once.
-    """
-    dtype = tf.as_dtype(dtype)
-    if dtype.is_integer or dtype == tf.bool:
-        return [None]
-    found = [None] + [_as_range(r) for r in FLOAT_RANGES]
-    for value_range in ranges:
-        value_range = _as_range(value_range)
-        if value_range not in found:
-            found.append(value_range)
-    return found
-
-
-def probe_inputs(model, shape, dtype, rows, seed=0, value_range=None):
-    """A batch of `rows` distinct random inputs, and other values for each row.
-
-    Real-valued inputs are standard normal, or with `value_range` uniform in
-    it, with row 0 at the low end and row 1 at the high end (the edges: an
-    all-black and an all-white image). Integer inputs are valid ids for all
-    of the model's embedding tables; uint8 inputs without an embedding take
-    0..255 (other integers 0 and 1); row 0 holds the least and row 1 the
-    greatest.
-
-    Args:
-        model: keras.Model. Integer inputs are valid ids for all of its
-            embedding tables.
-        shape: tuple of int. One example's shape.
-        dtype: the input dtype.
-        rows: int. Rows of the batch.
-        seed: int. Defaults to 0.
-        value_range: `(low, high)` or None. An entry of
-            `probe_value_ranges`. Defaults to None.
-
-    Returns:
-        `(x, other)`: two tensors `[rows, *shape]`; every row of `other`
-        differs from the same row of `x`.
-    """
-    rng = np.random.default_rng(seed)
-    size = (rows,) + tuple(shape)
-    dtype = tf.as_dtype(dtype)
-    edges = rows >= 2
-    if dtype.is_integer:
-        # Valid ids for every embedding table of the model.
-        dims = [layer.input_dim for layer in model._flatten_layers()
-                if isinstance(layer, keras.layers.Embedding)]
-        bound = min(dims) if dims else (256 if dtype == tf.uint8 else 2)
-        if dtype == tf.uint8:
-            bound = min(bound, 256)
-        x = rng.integers(0, bound, size=size)
-        if edges:
-            x[0], x[1] = 0, bound - 1
-        other = (x + 1) % bound
-    elif value_range is None:
-        x = rng.normal(size=size)
-        other = 3.0 * rng.normal(size=size)
-    else:
-        low, high = (np.broadcast_to(np.asarray(b, np.float64), tuple(shape))
-                     for b in value_range)
-        x = rng.uniform(low, high, size=size)
-        if edges:
-            x[0], x[1] = low, high
-        other = rng.uniform(low, high, size=size)
-    return tf.constant(x, dtype), tf.constant(other, dtype)
-
-
-def changed_row_sets(rows):
-    """Sets of rows to change such that every row is tested against every other.
-
-    Row r gets the r-th m-bit code with m // 2 ones; set t holds the rows
-    whose code has bit t. No such code is contained in another (they all
-    have m // 2 ones), so for every ordered pair of distinct rows (i, j)
-    some set holds j and not i: the pass that changes that set shows a
-    dependence of row i on row j. m is the least with C(m, m // 2) >= rows,
-    close to the fewest sets possible (Sperner): 4 sets for 4 rows, 7 for
-    32, 11 for 256.
-
-    Args:
-        rows: int. Rows of the batch (at least 2).
-
-    Returns:
-        bool array `[m, rows]`, one set a row, without sets that hold every
-        row or none.
-    """
-    m = 2
-    while math.comb(m, m // 2) < rows:
-        m += 1
-    sets = np.zeros([m, rows], bool)
-    for r, code in enumerate(itertools.islice(itertools.combinations(range(m), m // 2), rows)):
-        sets[list(code), r] = True
-    return sets[sets.any(axis=1) & ~sets.all(axis=1)]
-
-
 # Eager Python throughout: AutoGraph, which converts what a traced train step
 # calls, would turn its float() and comparisons into graph ops.
 @tf.autograph.experimental.do_not_convert
@@ -382,8 +266,8 @@ def _probe(model, shape, dtype, rows, value_ranges):
     batches = [probe_inputs(model, shape, dtype, rows, value_range=value_range)
                for value_range in value_ranges]
     randomness = RandomState(model)
-    digest = _Digester(rows)
-    traced = {}  # training -> the `_Trace` of its latest tracing (layers, reads).
+    digest = Digester(rows)
+    traced = {}  # training -> the `LayerTrace` of its latest tracing (layers, reads).
     graph_seed = None  # With a fixed seed: the trial's graph seed.
 
     def forward(inputs, training):
@@ -391,7 +275,7 @@ def _probe(model, shape, dtype, rows, value_ranges):
             # The graph's own seed (not the global one): ops without a seed
             # get the same seeds in every tracing, so each pass draws alike.
             tf.random.set_seed(graph_seed)
-        trace = _traced_forward(model, inputs, training, digest)
+        trace = traced_forward(model, inputs, training, digest)
         traced[training] = trace
         return [(d_in, d_out) for _, d_in, d_out in trace.calls], trace.outputs
 
@@ -463,94 +347,6 @@ def _probe(model, shape, dtype, rows, value_ranges):
     return ProbeReport(_foreign_reads(model, first), mixing, writes)
 
 
-class RandomState:
-    """What a training pass of a model may change, to restore between passes.
-
-    The model's non-trainable variables (the Keras seed generators' states
-    among them, and any state a pass writes), the state of every
-    `tf.random.Generator` its layers hold, of TensorFlow's global generator
-    and of Keras' global seed generator (which `keras.random` draws from
-    without a seed), and numpy's and Python's global generators (which code
-    that is traced may draw from). `snapshot` takes them; `restore` puts them back, so that
-    the passes after it draw the same random values.
-
-    Args:
-        model: keras.Model.
-    """
-
-    def __init__(self, model):
-        states = [g.state for g in generators(model)]
-        seed_generators = _held(model, keras.random.SeedGenerator)
-        if not tf.distribute.has_strategy():
-            # Keras' global one, which `keras.random` draws from without a seed;
-            # made with a draw from Python's generator, which is put back.
-            python_state = random.getstate()
-            seed_generators.append(keras_seed_generator.global_seed_generator())
-            random.setstate(python_state)
-        own = {id(v) for v in model.non_trainable_variables}
-        states += [g.state for g in seed_generators if id(g.state) not in own]
-        self.variables = list(model.non_trainable_variables) + states
-        # The variables that hold random state, which moves the same way
-        # whatever the data: the generators' and the Keras seed generators'.
-        self.random_ids = {id(v) for v in states} | {id(g.state) for g in seed_generators}
-        self.initial = self.snapshot()
-
-    def snapshot(self):
-        """The current values: `(variable values by id, numpy's state, Python's state)`."""
-        return ({id(v): v.numpy() for v in self.variables}, np.random.get_state(),
-                random.getstate())
-
-    def restore(self, snapshot=None):
-        """Puts back `snapshot` (defaults to the values when this was made)."""
-        values, numpy_state, python_state = snapshot or self.initial
-        for v in self.variables:
-            v.assign(values[id(v)])
-        np.random.set_state(numpy_state)
-        random.setstate(python_state)
-
-
-def generators(model):
-    """The `tf.random.Generator`s that `model`'s layers hold, and the global one.
-
-    A generator is found as an attribute of a layer (or of the model), or in
-    a list, tuple or dict held by one. The global generator is created here
-    if it does not exist yet (outside a distribution strategy), so that a
-    layer drawing from it draws from a state that can be restored.
-
-    Args:
-        model: keras.Model.
-
-    Returns:
-        list of `tf.random.Generator`.
-    """
-    found = _held(model, tf.random.Generator)
-    if not tf.distribute.has_strategy():
-        generator = tf.random.get_global_generator()
-        if all(g is not generator for g in found):
-            found.append(generator)
-    return found
-
-
-def _held(model, kind):
-    """The objects of type `kind` that `model`'s layers hold (or lists, tuples, dicts of them)."""
-    found = {}
-
-    def visit(value, depth):
-        if isinstance(value, kind):
-            found.setdefault(id(value), value)
-        elif depth < 3 and isinstance(value, (list, tuple)):
-            for item in value:
-                visit(item, depth + 1)
-        elif depth < 3 and isinstance(value, dict):
-            for item in value.values():
-                visit(item, depth + 1)
-
-    for layer in model._flatten_layers(include_self=True, recursive=True):
-        for value in vars(layer).values():
-            visit(value, 0)
-    return list(found.values())
-
-
 def _owner_name(model, variable):
     """The name of the innermost layer holding `variable` (or the model's)."""
     found = model.name
@@ -562,138 +358,12 @@ def _owner_name(model, variable):
     return found
 
 
-class _Digester:
-    """Digests of batch-first tensors: what a comparison of rows needs.
-
-    A tensor of `rows` rows becomes `(scales, sums)`: each row's largest
-    magnitude (`[rows]`), and each row as float32 sums of `DIGEST_CHUNK`
-    consecutive values times fixed random signs (`[rows, ceil(d /
-    DIGEST_CHUNK)]`). Other tensors (scalars, strings, other batch sizes)
-    become None, and comparisons skip them. Graph ops: called while the
-    passes are traced.
-
-    Args:
-        rows: int. The probe batch's rows.
-    """
-
-    def __init__(self, rows):
-        self.rows = rows
-
-    def __call__(self, nest):
-        digests = []
-        for t in tf.nest.flatten(nest):
-            if (not isinstance(t, (tf.Tensor, tf.Variable)) or t.shape.rank in (None, 0)
-                    or t.shape[0] != self.rows or t.dtype in (tf.string, tf.bool)):
-                digests.append(None)
-                continue
-            values = tf.reshape(tf.cast(t, tf.float32), [self.rows, -1])
-            size = tf.shape(values)[1]
-            # The same signs for a size in every pass (a stateless draw).
-            seed = tf.stack([tf.cast(size, tf.int64), tf.constant(0, tf.int64)])
-            bits = tf.random.stateless_uniform([size], seed=seed, minval=0, maxval=2,
-                                               dtype=tf.int32)
-            signs = tf.cast(2 * bits - 1, tf.float32)
-            padded = tf.math.floormod(-size, DIGEST_CHUNK)
-            signed = tf.pad(values * signs, [[0, 0], [0, padded]])
-            sums = tf.reduce_sum(tf.reshape(signed, [self.rows, -1, DIGEST_CHUNK]), axis=2)
-            # An empty row's maximum is -inf: its scale is 0.
-            scales = tf.maximum(tf.reduce_max(tf.abs(values), axis=1), 0.0)
-            digests.append((scales, sums))
-        return digests
-
-
-def _digests_same(a, b, kept):
-    """Whether two digests agree on the `kept` rows to `TOLERANCE` of `a`'s scale."""
-    if len(a) != len(b):
-        return False
-    for u, w in zip(a, b):
-        if u is None or w is None:
-            continue
-        (scales, sums_u), (_, sums_w) = u, w
-        sums_u, sums_w = np.asarray(sums_u)[kept], np.asarray(sums_w)[kept]
-        if sums_u.shape != sums_w.shape:
-            return False
-        scale = float(np.max(np.asarray(scales)[kept], initial=0.0))
-        tolerance = TOLERANCE * max(scale, 1e-6)
-        if float(np.max(np.abs(sums_u - sums_w), initial=0.0)) > tolerance:
-            return False
-    return True
-
-
-class _Trace:
-    def __init__(self):
-        # (layer, digest of its inputs, digest of its outputs), in order of
-        # completion (see `_Digester`): symbolic in the tracing, values in
-        # the copy `with_values` makes for each run.
-        self.calls = []
-        self.reads = {}  # id(layer) -> ids of variables the call read itself.
-        self.model_reads = set()
-        self.outputs = None
-
-    def with_values(self, digests, outputs):
-        """This trace's layers and reads with one run's digests and outputs."""
-        run = _Trace()
-        run.calls = [(layer, d_in, d_out)
-                     for (layer, _, _), (d_in, d_out) in zip(self.calls, digests)]
-        run.reads, run.model_reads, run.outputs = self.reads, self.model_reads, outputs
-        return run
-
-
-def _variable_id(v):
-    return id(getattr(v, "_value", v))
-
-
-def _traced_forward(model, x, training, digest):
-    trace = _Trace()
-    thread = threading.get_ident()
-    tapes = []
-    patched = []
-
-    def wrap(layer, original):
-        def call(*args, **kwargs):
-            if threading.get_ident() != thread or not tapes:
-                return original(*args, **kwargs)
-            with tapes[-1].stop_recording():
-                with tf.GradientTape(watch_accessed_variables=True) as tape:
-                    tapes.append(tape)
-                    try:
-                        outputs = original(*args, **kwargs)
-                    finally:
-                        tapes.pop()
-            reads = trace.reads.setdefault(id(layer), set())
-            reads.update(_variable_id(v) for v in tape.watched_variables())
-            inputs = args[0] if args else next(iter(kwargs.values()), None)
-            trace.calls.append((layer, digest(inputs), digest(outputs)))
-            return outputs
-
-        return call
-
-    for layer in model._flatten_layers(include_self=False, recursive=True):
-        had = "call" in layer.__dict__
-        previous = layer.__dict__.get("call")
-        patched.append((layer, had, previous))
-        layer.call = wrap(layer, layer.call)
-    try:
-        with tf.GradientTape(watch_accessed_variables=True) as outer:
-            tapes.append(outer)
-            trace.outputs = model(x, training=training)
-            tapes.pop()
-        trace.model_reads = {_variable_id(v) for v in outer.watched_variables()}
-    finally:
-        for layer, had, previous in reversed(patched):
-            if had:
-                layer.call = previous
-            else:
-                object.__delattr__(layer, "call")
-    return trace
-
-
 def _foreign_reads(model, trace):
-    trainable = {_variable_id(v) for v in model.trainable_variables}
+    trainable = {variable_id(v) for v in model.trainable_variables}
     owner = {}
     for layer in layer_taps.tapped_layers(model):
         for v in layer_taps.own_trainable_variables(layer):
-            owner[_variable_id(v)] = (layer, v)
+            owner[variable_id(v)] = (layer, v)
     found = []
     readers = [(layer, trace.reads.get(id(layer), set())) for layer, _, _ in trace.calls]
     readers.append((model, trace.model_reads))
@@ -759,7 +429,7 @@ def _mixing_layer(model, first, other, kept):
     """The first layer whose outputs in the `kept` rows changed with same inputs."""
     if len(first.calls) == len(other.calls):
         for (layer, x_a, y_a), (_, x_b, y_b) in zip(first.calls, other.calls):
-            if _digests_same(x_a, x_b, kept) and not _digests_same(y_a, y_b, kept):
+            if digests_same(x_a, x_b, kept) and not digests_same(y_a, y_b, kept):
                 return layer.name
     if not _same(first, other, kept):
         return model.name

@@ -4,7 +4,7 @@ DP needs every example's contribution to the clipped sum S to be at most C in
 L2 norm. `check_sensitivity` measures, for each example j of a probe batch,
 ‖S(D) − S(D without j)‖ / C, removing j as the data pipeline pads a batch: its
 input zeroed and its weight 0, so that every other example keeps its row (and
-its random draws: the model's random state, `model_probe.RandomState`, is
+its random draws: the model's random state, `random_state.RandomState`, is
 restored before each sum). Any figure above 1 (beyond float error) means the
 engine does not bound this model.
 
@@ -20,6 +20,8 @@ import tensorflow as tf
 
 from tfdp.dp import clipping
 from tfdp.dp import model_probe
+from tfdp.dp import probe_batches
+from tfdp.dp import random_state
 
 TOLERANCE = 1e-4  # Float error allowed above 1 (`check_sensitivity` figures).
 # Examples left out, one at a time, by `probe_training` (see its docstring).
@@ -64,7 +66,7 @@ def check_sensitivity(model, loss, batch, l2_norm_clip, method="auto", leave_out
         else tf.cast(tf.reshape(batch[2], [-1]), tf.float32)
     )
     k = int(clip_kwargs.get("augmentation_multiplicity", 1))
-    randomness = model_probe.RandomState(model)
+    randomness = random_state.RandomState(model)
 
     def clipped_sum(inputs, sample_weight):
         randomness.restore()  # The same random draws (dropout masks, noise) each time.
@@ -135,7 +137,7 @@ def refuse_unbounded(figure, method):
 def refuse_mixing_loss(loss, y_pred, y_true, model):
     """Raises when `loss`'s value for one example depends on another example.
 
-    For each set of `model_probe.changed_row_sets`, those rows' predictions
+    For each set of `probe_batches.changed_row_sets`, those rows' predictions
     and targets are changed; every other row's loss must stay the same. So a
     dependence of any row's loss on any other row is tested. A batch mean
     inside the loss (e.g. the cross-entropy of `p − mean_over_batch(p)`)
@@ -167,7 +169,7 @@ def refuse_mixing_loss(loss, y_pred, y_true, model):
             f"Received: {before.shape[0]} values for a batch of {rows}, "
             f"loss={_name(loss)}"
         )
-    for changed in model_probe.changed_row_sets(rows):
+    for changed in probe_batches.changed_row_sets(rows):
         def pick(other, same):
             mask = tf.reshape(tf.constant(changed), [rows] + [1] * (same.shape.rank - 1))
             return tf.where(mask, other, same)
@@ -208,7 +210,7 @@ def probe_training(model, loss, batch, l2_norm_clip, method="auto", leave_out=LE
        on another, e.g. batch statistics or a layer adding row j into row
        i, also one that does so only from some batch size on, or only for
        some values: its batches are drawn from the standard normal and the
-       typical ranges of image data, `model_probe.probe_value_ranges`, with
+       typical ranges of image data, `probe_batches.probe_value_ranges`, with
        the random state held fixed within a trial and varied between
        trials); it also refuses a layer that writes non-trainable state
        from the batch.
@@ -264,7 +266,7 @@ def probe_training(model, loss, batch, l2_norm_clip, method="auto", leave_out=LE
         report.refuse_mixing()
         report.refuse_state_writes()
     resolved = clipping.resolve_method(model, method, x)
-    randomness = model_probe.RandomState(model)
+    randomness = random_state.RandomState(model)
     try:
         refuse_mixing_loss(loss, model(x, training=False), y, model)
     finally:
@@ -308,7 +310,7 @@ def synthetic_batch(model, examples, x_shape, x_dtype, y_shape=(), y_dtype="int3
         `(x, y)` tensors.
     """
     examples = max(int(examples), model_probe.MIN_PROBE_ROWS)
-    x, _ = model_probe.probe_inputs(model, tuple(x_shape), x_dtype, examples, seed)
+    x, _ = probe_batches.probe_inputs(model, tuple(x_shape), x_dtype, examples, seed)
     rng = np.random.default_rng(seed + 1)
     y_dtype = tf.as_dtype(y_dtype)
     if y_dtype.is_integer:

@@ -40,7 +40,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfdp.dp import layer_trace
 from tfdp.dp import model_probe
+from tfdp.dp import probe_batches
+from tfdp.dp import random_state
 from tfdp.dp import sensitivity
 
 _local = threading.local()
@@ -174,7 +177,7 @@ def _batches(model, specs, units, group, marks_last):
         w_shape = [rows] + [1] * (w_spec.shape.rank - 1) if w_spec.shape.rank else []
         w = tf.ones(w_shape, w_spec.dtype)
         w_other = tf.fill(w_shape, tf.cast(0.5, w_spec.dtype))
-    sets = np.repeat(model_probe.changed_row_sets(units), group, axis=1)
+    sets = np.repeat(probe_batches.changed_row_sets(units), group, axis=1)
 
     def pack(x_value, y_value, w_value):
         if marks_last:
@@ -192,8 +195,8 @@ def _batches(model, specs, units, group, marks_last):
         return tf.where(mask, other, same)
 
     batches = []
-    for value_range in model_probe.probe_value_ranges(x_spec.dtype):
-        x, x_other = model_probe.probe_inputs(inner, x_shape, x_spec.dtype, rows,
+    for value_range in probe_batches.probe_value_ranges(x_spec.dtype):
+        x, x_other = probe_batches.probe_inputs(inner, x_shape, x_spec.dtype, rows,
                                               value_range=value_range)
 
         def changed_batch(changed, x=x, x_other=x_other):
@@ -210,7 +213,7 @@ def _batches(model, specs, units, group, marks_last):
 def _probe(model, train_step, specs, units, group, marks_last):
     name = _name(model, train_step)
     batches, sets = _batches(model, specs, units, group, marks_last)
-    randomness = model_probe.RandomState(model)
+    randomness = random_state.RandomState(model)
     metrics = [(v, v.numpy()) for v in model.metrics_variables]
     outputs = {"group": None}
 
@@ -305,7 +308,7 @@ def _moved_rows(base, result):
         elif moved.shape[0] != a.shape[0]:
             return False
         scale = max(float(np.max(np.abs(a), initial=0.0)), 1e-6)
-        moved |= np.max(np.abs(a - b), axis=1, initial=0.0) > model_probe.TOLERANCE * scale
+        moved |= np.max(np.abs(a - b), axis=1, initial=0.0) > layer_trace.TOLERANCE * scale
     return moved
 
 

@@ -21,6 +21,11 @@ model.compile(optimizer=DPKerasSGDOptimizer(...), loss=..., metrics=[...])
 
 A plain Keras model compiled with one of these optimizers gets an error
 naming that fix at its first train step, before any update.
+
+`DPKerasOptimizer` takes TF-Privacy's microbatches from `microbatches` and
+its custom-loop methods (and the refusal of plain gradients) from
+`custom_loop_methods`; `make_keras_optimizer_class` makes the
+`DPKeras<cls>` classes from it.
 """
 
 import math
@@ -30,21 +35,11 @@ import tensorflow as tf
 
 from tfdp import dpsgd_config
 from tfdp import validation
-from tfdp.compat.tensorflow_privacy import custom_loop
 from tfdp.compat.tensorflow_privacy import native_route
+from tfdp.compat.tensorflow_privacy.custom_loop_methods import CustomLoopMethods
+from tfdp.compat.tensorflow_privacy.microbatches import Microbatches
 from tfdp.keras import DPOptimizer
 from tfdp.keras import dp_optimizer
-
-_PLAIN_MODEL = (
-    "A TF-Privacy optimizer was asked to apply the gradients of Keras' own "
-    "`train_step` (a plain Keras model), or of a custom one. Keras 3 hands an "
-    "optimizer neither the model nor the batch, only the gradients of the "
-    "reduced loss, which cannot be clipped per example or per microbatch. Make "
-    "the model private before compiling it, keeping this optimizer: "
-    "`model = tfdp.make_private(model)`, or build it as "
-    "tensorflow_privacy.DPSequential / DPModel."
-)
-
 
 # Raised when a TF-Privacy optimizer is asked to apply gradients it did not
 # noise: `apply_gradients` and `apply` take only the noised gradients that
@@ -91,7 +86,7 @@ def validate_arguments(l2_norm_clip, noise_multiplier, num_microbatches=None,
 
 
 @keras.saving.register_keras_serializable(package="tfdp.compat")
-class DPKerasOptimizer(DPOptimizer):
+class DPKerasOptimizer(CustomLoopMethods, Microbatches, DPOptimizer):
     """A `tfdp.DPOptimizer` with TF-Privacy's arguments and semantics.
 
     Usually built through `DPKerasSGDOptimizer`, `DPKerasAdamOptimizer` or
@@ -210,34 +205,6 @@ class DPKerasOptimizer(DPOptimizer):
     _num_microbatches = property(lambda self: self.num_microbatches)
 
     # ------------------------------------------------------------------
-    # A plain Keras model compiled with this optimizer.
-    # ------------------------------------------------------------------
-
-    def apply_gradients(self, grads_and_vars):
-        """Applies the noised gradients `_compute_gradients` just returned; refuses others.
-
-        As TF-Privacy's: `grads_and_vars = optimizer._compute_gradients(...)`
-        then `optimizer.apply_gradients(grads_and_vars)` applies them through
-        the wrapped optimizer, once. Any other gradients (those of Keras' own
-        `train_step` for a plain model, or modified ones) could be plain
-        gradients and raise `PlainGradientsError` before any update.
-
-        Args:
-            grads_and_vars: list of `(gradient, variable)`: the very list of
-                tensors `_compute_gradients` returned.
-        """
-        released = custom_loop.take_released(self, grads_and_vars)
-        if released is None:
-            raise PlainGradientsError(_PLAIN_MODEL)
-        custom_loop.apply_released(self, *released)
-
-    def apply(self, grads, trainable_variables=None):
-        """`apply_gradients(zip(grads, trainable_variables))`, with the same refusal."""
-        if trainable_variables is None:
-            raise PlainGradientsError(_PLAIN_MODEL)
-        self.apply_gradients(list(zip(grads, trainable_variables)))
-
-    # ------------------------------------------------------------------
     # Layer weight regularizers, as TF-Privacy's DP models apply them.
     # ------------------------------------------------------------------
 
@@ -267,203 +234,8 @@ class DPKerasOptimizer(DPOptimizer):
         return grads_out
 
     # ------------------------------------------------------------------
-    # A custom training loop (TF-Privacy's loss vector and tape).
+    # Serialisation.
     # ------------------------------------------------------------------
-
-    def declare_model(self, model, loss=None, *, input_spec=None, target_spec=None):
-        """Declares the Keras model and per-example loss of a custom loop (required).
-
-        Before its first release a custom loop runs the training probe of
-        every route (`tfdp.dp.sensitivity.probe_training`) on this model and
-        loss, with random inputs (never the training data) at the batch size
-        of the loss vector: a layer or a loss that mixes examples, or a
-        layer that writes state from the batch, is refused, naming it,
-        before any update. `minimize` and `_compute_gradients` refuse to run
-        undeclared, or with a variable the model does not train. The loss
-        vector handed to them must be this loss of this model's outputs,
-        row by row (`tfdp.compat.tensorflow_privacy.custom_loop`).
-
-        Args:
-            model: keras.Model. The model whose trainable variables the loop
-                updates.
-            loss: a Keras loss, its name, or `(y_true, y_pred) -> [B]`.
-                Defaults to None: the model's compiled loss.
-            input_spec: `tf.TensorSpec` of a batch of inputs, or None: the
-                model's `keras.Input`. Needed for a model without one.
-            target_spec: `tf.TensorSpec` of a batch of targets, or None:
-                class ids for a sparse loss, else float32 shaped like the
-                model's output.
-
-        Returns:
-            The optimizer, so that `opt = DPKerasSGDOptimizer(...).declare_model(model, loss)`.
-
-        Raises:
-            ValueError: for a model that is not a Keras model, no loss, or
-                no input shape.
-        """
-        self.declared_model = custom_loop.declare_model(model, loss, input_spec, target_spec)
-        return self
-
-    def minimize(self, loss, var_list, tape=None):
-        """One DP-SGD batch of a custom loop: clip, accumulate, noise, apply.
-
-        Each microbatch's mean loss gradient is clipped to C and summed;
-        after `gradient_accumulation_steps` batches the sum gets noise of std
-        σ·C once, is divided by the microbatches and applied by the wrapped
-        optimizer (`iterations` counts it).
-
-        Args:
-            loss: tensor `[B, ...]` of per-example losses recorded by `tape`,
-                or a callable returning it.
-            var_list: list of variables, or a callable returning it.
-            tape: `tf.GradientTape` or None. Required for a tensor loss.
-        """
-        custom_loop.minimize(self, loss, var_list, tape)
-
-    def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
-        """TF-Privacy's noised gradients of one batch: `[(gradient, variable)]`.
-
-        The clipped microbatch gradients are summed, noised once (σ·C) and
-        divided by the number of microbatches. Returning them releases them:
-        the release is counted in `iterations` (so in the ledger) here.
-        `apply_gradients` then applies exactly these tensors, once, through
-        the wrapped optimizer (as TF-Privacy's); `minimize` does both.
-
-        Args:
-            loss: tensor or callable, as `minimize`.
-            var_list: variables, as `minimize`.
-            grad_loss: must be None (TF-Privacy ignores it too).
-            tape: `tf.GradientTape` or None, as `minimize`.
-
-        Returns:
-            A list of `(noised gradient, variable)`.
-        """
-        if grad_loss is not None:
-            raise ValueError(
-                "grad_loss is not supported by DP optimizers: the per-example losses are "
-                f"differentiated as they are. Received: grad_loss={grad_loss!r}")
-        if self.accumulation_steps > 1:
-            raise ValueError(
-                "With gradient_accumulation_steps > 1 the noise is added once per update "
-                "of k batches, so one batch's noised gradients are not defined: call "
-                "minimize(loss, var_list, tape=tape) for each batch. Received: "
-                f"gradient_accumulation_steps={self.accumulation_steps}")
-        return custom_loop.noisy_gradients(self, loss, var_list, tape)
-
-    def get_gradients(self, loss, params):
-        """Raises: Keras 2's graph-mode `get_gradients` has no Keras 3 counterpart."""
-        raise NotImplementedError(
-            "get_gradients is Keras 2's graph-mode API (used by tf.estimator, which "
-            "TensorFlow no longer has); Keras 3 optimizers have no such method. In a "
-            "custom loop, record the per-example loss vector under a tf.GradientTape and "
-            "call minimize(loss, var_list, tape=tape), or _compute_gradients for the "
-            "noised gradients. Received: get_gradients(loss, params)")
-
-    # ------------------------------------------------------------------
-    # Accounting and serialisation.
-    # ------------------------------------------------------------------
-
-    def clipping_groups(self, x, batch_size=None):
-        """`(x, rows)`: TF-Privacy's microbatches of the batch `x`.
-
-        With `num_microbatches=M`, a batch of `M * m` rows is split into `M`
-        consecutive groups of `m` rows, and group j's loss is the mean of its
-        rows' (weighted) losses; each group's gradient is clipped to C.
-
-        The group size must be a Python int, so it comes from the traced batch
-        dimension, else from the `fit` batch size; either way every batch must
-        then have exactly `M` groups (TF-Privacy would resize the groups of a
-        short last batch instead, which a static size cannot). XLA drops the
-        assertion; the compat optimizer refuses XLA where the batch size is
-        not static.
-
-        Raises:
-            ValueError: under several replicas, or for a batch size that is
-                not a multiple of `num_microbatches`.
-        """
-        if self.num_microbatches is None:
-            return super().clipping_groups(x, batch_size)
-        replicas = tf.distribute.get_strategy().num_replicas_in_sync
-        if replicas > 1:
-            # Each replica would split its share of the batch into microbatches
-            # of other rows than TF-Privacy's split of the whole batch.
-            raise ValueError(
-                "TF-Privacy microbatches train on one replica. Under a tf.distribute "
-                "strategy use tfdp.DPOptimizer (per-example clipping, "
-                "`gradient_accumulation_steps` for virtual steps). Received: "
-                f"num_microbatches={self.num_microbatches} with {replicas} replicas"
-            )
-        m = int(self.num_microbatches)
-        x = tf.convert_to_tensor(x)
-        static_rows = x.shape[0]
-        full = static_rows or batch_size or m
-        if full % m:
-            raise ValueError(
-                f"The batch size must be a multiple of num_microbatches. "
-                f"Received: batch_size={full}, num_microbatches={m}"
-            )
-        hint = "" if static_rows or batch_size else (
-            ", or, for microbatches of more than one example, use "
-            "tensorflow_privacy.DPSequential / DPModel, whose `fit` knows the "
-            "batch size"
-        )
-        tf.debugging.assert_equal(
-            tf.shape(x)[0], full,
-            message=(
-                f"With num_microbatches={m}, every batch must have {full} rows "
-                f"({m} microbatches of {full // m}); a short last batch cannot be "
-                "split the same way. Make the dataset size a multiple of the "
-                f"batch size (or drop the remainder){hint}."
-            ),
-        )
-        return x, full // m
-
-    @property
-    def microbatch_size(self):
-        """Examples per microbatch in the last `fit`, or None (per example, or not yet known)."""
-        route = self.fit_route
-        if self.num_microbatches is None or route is None or not route.physical_batch_size:
-            return None
-        return route.physical_batch_size // self.num_microbatches
-
-    @property
-    def sensitivity(self):
-        """How far one example moves a pass's clipped sum, in units of C: 1 or 2.
-
-        1 when each example is clipped alone (`num_microbatches=None`, or
-        microbatches of one example). 2 with microbatches of several
-        examples, or of a size not yet known: zeroing out or replacing one
-        example moves its microbatch's clipped mean gradient from one vector
-        of norm <= C to another, by up to 2C. The ledger then accounts
-        noise multiplier sigma / 2 (TF-Privacy's `used_microbatching=True`).
-        """
-        if self.num_microbatches is None or self.microbatch_size == 1:
-            return 1
-        return 2
-
-    def describe_epsilon(self, *, brief=False, **kwargs):
-        """`DPOptimizer.describe_epsilon`, saying why microbatches double the sensitivity.
-
-        Args:
-            brief: bool. Leave out the descriptions (lines that repeat).
-            **kwargs: as `DPOptimizer.describe_epsilon`.
-
-        Returns:
-            A str, e.g. `epsilon=... at delta=1e-05 (zero_out adjacency: ...;
-            sensitivity 2C, so noise multiplier 1.1 counts as 0.55;
-            replace-one epsilon=...); clipped per microbatch (...)`.
-        """
-        text = super().describe_epsilon(brief=brief, **kwargs)
-        if self.sensitivity == 1 or brief:
-            return text
-        size = (f"{self.microbatch_size} examples" if self.microbatch_size
-                else "several examples")
-        return (
-            f"{text}; clipped per microbatch ({self.num_microbatches} microbatches of "
-            f"{size} a batch): one example can move its microbatch's clipped mean "
-            "gradient by up to 2C, which halves the effective noise multiplier, as "
-            "TF-Privacy's used_microbatching=True"
-        )
 
     def get_config(self):
         return {
