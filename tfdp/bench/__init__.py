@@ -47,4 +47,12 @@ Modules, each importing only those below it:
 - `models`: the bench's models and their train steps.
 
 No module imports TensorFlow at module level; only the child processes do.
+
+Two standalone benchmarks of private fine-tuning (docs/FINETUNING.md), each
+run as a module, import TensorFlow when run:
+
+- `finetune_step_time`: a private step under full fine-tuning, LoRA and
+  BiTFiT (`python -m tfdp.bench.finetune_step_time`);
+- `cached_head`: the head trained through a frozen backbone against on its
+  cached features (`python -m tfdp.bench.cached_head`).
 """
