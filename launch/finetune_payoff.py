@@ -14,8 +14,11 @@ are the public pretraining data, digits 5-9 the private fine-tuning data
    over the run's steps, C = `--l2_norm_clip`) on the private digits.
 3. It records the held-out accuracy, the median time of a logical step
    (after the first epoch, which traces), and the peak of TensorFlow's own
-   allocator over the timed epochs (`tf.config.experimental.get_memory_info`).
-   The summary prints each as a ratio to full fine-tuning in the same run.
+   allocator over the timed epochs (`tf.config.experimental.get_memory_info`)
+   above what it held when they started: the memory training needs. The
+   summary prints each as a ratio to full fine-tuning in the same run.
+   For memory, run one mode per process (`--modes=bitfit`): TensorFlow's
+   CPU allocator keeps pools of earlier runs.
 
 Modes: `full`; `frozen` (the first layers frozen: the convnet's first conv,
 the ViT's stem and first half of its blocks); `last_layer` (only the head,
@@ -147,17 +150,22 @@ def _run(args, data, pretrained, mode, epsilon, seed):
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"])
     epoch_ends = []
+    in_use = {}
 
     class Timer(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
             epoch_ends.append(time.perf_counter())
             if epoch == 0:
+                # Tensors still held then (the model, earlier runs' leftovers)
+                # are not the timed epochs' own: the peak is counted above them.
                 tf.config.experimental.reset_memory_stats("CPU:0")
+                in_use["mb"] = tf.config.experimental.get_memory_info("CPU:0")["current"] / 2**20
 
     start = time.perf_counter()
     private.fit(x, y, batch_size=args.batch_size, epochs=args.epochs, verbose=0,
                 callbacks=[Timer()])
-    peak_mb = tf.config.experimental.get_memory_info("CPU:0")["peak"] / 2**20
+    peak_mb = (tf.config.experimental.get_memory_info("CPU:0")["peak"] / 2**20
+               - in_use.get("mb", 0.0))
     steps_per_epoch = steps / args.epochs
     timed = np.diff(epoch_ends) / steps_per_epoch if len(epoch_ends) > 1 else [
         (epoch_ends[0] - start) / steps_per_epoch]
