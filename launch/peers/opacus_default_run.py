@@ -16,6 +16,9 @@ own virtual environment: tfdp does not depend on either). It trains what
 - every 16 steps, an evaluation on the 1,000 test and 2,000 training
   examples, as tfdp does.
 
+Before training it compares Opacus's per-example gradients of 8 examples
+with autograd's, and exits if they differ.
+
 `PrivacyEngine.make_private` would take q = 1 / len(data_loader) = 1/16 and
 B = int(4000 / 16) = 250, so the replica assembles Opacus's parts (the same
 ones `make_private` uses) with q and B set explicitly.
@@ -44,8 +47,31 @@ EVAL_EVERY, TRAIN_EVAL_EXAMPLES = 16, 2000
 
 
 def _tensor(x):
+    # NHWC -> NCHW with NCHW strides. With one channel, permute().contiguous()
+    # keeps strides (784, 1, 28, 1), which torch also reads as channels-last:
+    # on a slice of such a tensor conv1 returns channels-last activations, and
+    # Opacus 1.6's unfold2d (as_strided with NCHW strides assumed) then
+    # gathers the wrong patches for conv2's per-example gradients. (The
+    # DataLoader's stacked batches get NCHW strides either way.)
     x = torch.tensor(x, dtype=torch.float32)
-    return x.permute(0, 3, 1, 2).contiguous()  # NHWC -> NCHW
+    return x.permute(0, 3, 1, 2).clone(memory_format=torch.contiguous_format)
+
+
+def _check_per_example_gradients(model, x, y):
+    """Refuses to train if Opacus's per-example gradients differ from autograd's."""
+    loss_fn = nn.CrossEntropyLoss()
+    loss_fn(model(x), y).backward()
+    params = list(model.parameters())
+    per_example = [p.grad_sample.clone() for p in params]
+    for i in range(len(x)):
+        expected = torch.autograd.grad(loss_fn(model._module(x[i:i + 1]), y[i:i + 1]), params)
+        for p, batched, single in zip(params, per_example, expected):
+            if not torch.allclose(batched[i], single, rtol=1e-4, atol=1e-6):
+                sys.exit(f"Opacus's per-example gradient of a {tuple(p.shape)} parameter "
+                         f"differs from autograd's (example {i})")
+    for p in params:
+        p.grad_sample = None
+        p.grad = None
 
 
 def _keras_init(module):
@@ -71,6 +97,7 @@ def main(split_path, seed=0, threads=2):
     )
     model.apply(_keras_init)
     model = GradSampleModule(model)
+    _check_per_example_gradients(model, xtr[:8], ytr[:8])
     model.forbid_grad_accumulation()
     # lr = 1 here; each step scales the noised gradient by the schedule's lr
     # before the momentum update, which is Keras's SGD: m = 0.9 m - lr g,
