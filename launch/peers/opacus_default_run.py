@@ -7,8 +7,12 @@ own virtual environment: tfdp does not depend on either). It trains what
 - the small GroupNorm convnet's layout: 8x8/2 conv 16 "same" (3 pixels on
   each side, 28 -> 14), GN 4, tanh, max-pool 2/1; 4x4/2 conv 32 "valid",
   GN 4, tanh, max-pool 2/1; dense 32, tanh; dense 10;
-- Keras's initialisation, not PyTorch's: Glorot-uniform kernels and zero
-  biases (PyTorch draws both from U(+-1/sqrt(fan_in)));
+- tfdp's initial weights: the script also exports `small_convnet`'s
+  weights under the public seed 0, which every default tfdp run starts
+  from, so SEED only drives the sampling and the noise (as tfdp's secret key
+  does). A split file without them gets a fresh draw of Keras's
+  initialisation instead: Glorot-uniform kernels and zero biases (PyTorch
+  draws both from U(+-1/sqrt(fan_in)));
 - Poisson sampling at q = 256 / 4000, sigma = 1.1616, C = 1, the noisy sum
   divided by B = 256, 469 steps, RDP accounting at that q;
 - SGD with Nesterov momentum 0.9 in Keras's form (the momentum accumulates
@@ -82,6 +86,32 @@ def _keras_init(module):
         nn.init.zeros_(module.bias)
 
 
+def _load_keras_weights(model, split):
+    """Copies `small_convnet`'s weights (keys `init__<layer>__<variable>`) into `model`."""
+    def weight(layer, variable):
+        return torch.tensor(split[f"init__{layer}__{variable}"])
+
+    pairs = ((0, "conv1"), (1, "conv1_norm"), (4, "conv2"), (5, "conv2_norm"),
+             (9, "dense"), (11, "head_dense"))
+    with torch.no_grad():
+        for index, name in pairs:
+            module = model[index]
+            if isinstance(module, nn.GroupNorm):
+                module.weight.copy_(weight(name, "gamma"))
+                module.bias.copy_(weight(name, "beta"))
+                continue
+            kernel = weight(name, "kernel")
+            if isinstance(module, nn.Conv2d):
+                kernel = kernel.permute(3, 2, 0, 1)  # HWIO -> OIHW
+            elif name == "dense":
+                # Keras flattens (h, w, c), torch (c, h, w).
+                kernel = kernel.reshape(4, 4, 32, -1).permute(2, 0, 1, 3).reshape(512, -1).T
+            else:
+                kernel = kernel.T
+            module.weight.copy_(kernel)
+            module.bias.copy_(weight(name, "bias"))
+
+
 def main(split_path, seed=0, threads=2):
     torch.manual_seed(seed)
     torch.set_num_threads(threads)
@@ -96,6 +126,8 @@ def main(split_path, seed=0, threads=2):
         nn.Flatten(), nn.Linear(32 * 4 * 4, 32), nn.Tanh(), nn.Linear(32, 10),
     )
     model.apply(_keras_init)
+    if "init__conv1__kernel" in split:
+        _load_keras_weights(model, split)
     model = GradSampleModule(model)
     _check_per_example_gradients(model, xtr[:8], ytr[:8])
     model.forbid_grad_accumulation()
