@@ -42,9 +42,11 @@ def build_model(args):
 
 
 def make_variant(name, args, method):
-    """(model, step, trainable parameters) of one variant: "full", "bitfit" or "lora<r>"."""
+    """(model, step, trainable parameters) of a variant: "full", "last_layer", "bitfit", "lora<r>"."""
     model = build_model(args)
-    if name == "bitfit":
+    if name == "last_layer":
+        trainable = tfdp.finetune.last_layer(model).trainable_params
+    elif name == "bitfit":
         trainable = tfdp.finetune.bitfit(model).trainable_params
     elif name.startswith("lora"):
         trainable = tfdp.finetune.lora(model, int(name[4:])).trainable_params
@@ -68,7 +70,8 @@ def main(argv=None):
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--methods", default="bk,mixed")
-    parser.add_argument("--variants", default="full,lora4,lora8,bitfit")
+    parser.add_argument("--variants", default="full,lora4,lora8,bitfit",
+                        help="of full, last_layer, bitfit, lora<r>")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args(argv)
