@@ -74,15 +74,8 @@ def bitfit(model, head=None):
             f"Received: model={model.name!r} (not built)"
         )
     heads = heads_lib.heads_of(model, head, "bitfit")
-    keep = {id(v) for _, v in rules.offset_variables(model)}
-    for layer in heads:
-        layer.trainable = True
-        keep.update(id(v) for v in layer.weights)
-    for variable in model.weights:
-        # Non-trainable state (e.g. BatchNorm's moving statistics) stays so.
-        if variable.trainable:
-            variable.trainable = id(variable) in keep
-    trainable = model.trainable_variables
+    trainable = heads_lib.train_only(model, heads,
+                                     keep=[v for _, v in rules.offset_variables(model)])
     if not trainable:
         raise ValueError(
             "bitfit left nothing to train: the model has no trainable bias or "

@@ -2,7 +2,8 @@
 
 `bitfit`, `lora`, `last_layer` and `split_last_layer` all default to the
 last Dense layer (the last layer on the "dense" clipping rule) and accept
-`head=`: a layer, a layer name, or a list of either.
+`head=`: a layer, a layer name, or a list of either. `train_only` then
+freezes all but what a mode keeps, the same way for every mode.
 """
 
 import math
@@ -95,3 +96,29 @@ def heads_of(model, head, caller, top_level=False):
     if head is None:
         return default_head(model, caller, top_level)
     return named_heads(model, head, caller, top_level)
+
+
+def train_only(model, heads, keep=()):
+    """Freezes every variable of `model` but the `heads`' and those in `keep`.
+
+    Variable by variable (`variable.trainable = False`), so the layers stay
+    trainable and `model.trainable_variables` lists exactly what trains; the
+    heads are unfrozen whole. Non-trainable state (e.g. BatchNorm's moving
+    statistics) stays non-trainable.
+
+    Args:
+        model: keras.Model.
+        heads: list of layers. They train whole.
+        keep: iterable of variables. They train too.
+
+    Returns:
+        list of variables: `model.trainable_variables` afterwards.
+    """
+    kept = {id(v) for v in keep}
+    for layer in heads:
+        layer.trainable = True
+        kept.update(id(v) for v in layer.weights)
+    for variable in model.weights:
+        if variable.trainable:
+            variable.trainable = id(variable) in kept
+    return model.trainable_variables

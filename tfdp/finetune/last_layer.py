@@ -61,15 +61,7 @@ def last_layer(model, head=None):
             "last_layer needs a built model (its variables exist once it is built). "
             f"Received: model={model.name!r} (not built)")
     heads = heads_lib.heads_of(model, head, "last_layer")
-    keep = set()
-    for layer in heads:
-        layer.trainable = True
-        keep.update(id(v) for v in layer.weights)
-    for variable in model.weights:
-        # Non-trainable state (e.g. BatchNorm's moving statistics) stays so.
-        if variable.trainable:
-            variable.trainable = id(variable) in keep
-    trainable = model.trainable_variables
+    trainable = heads_lib.train_only(model, heads)
     return LastLayerSummary(
         trainable_params=heads_lib.parameter_count(trainable),
         total_params=int(model.count_params()),

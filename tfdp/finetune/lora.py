@@ -161,19 +161,10 @@ def lora(model, rank, head=None, lora_alpha=None, train_offsets=False):
             "lora found no trainable Dense, EinsumDense or Conv layer besides the head. "
             f"Received: model={model.name!r}, head={[h.name for h in heads]!r}"
         )
-    keep = set()
-    for layer in adapted:
-        keep.update((id(layer.lora_kernel_a), id(layer.lora_kernel_b)))
+    keep = [v for layer in adapted for v in (layer.lora_kernel_a, layer.lora_kernel_b)]
     if train_offsets:
-        keep.update(id(v) for _, v in rules.offset_variables(model))
-    for layer in heads:
-        layer.trainable = True
-        keep.update(id(v) for v in layer.weights)
-    for variable in model.weights:
-        # Non-trainable state (e.g. BatchNorm's moving statistics) stays so.
-        if variable.trainable:
-            variable.trainable = id(variable) in keep
-    trainable = model.trainable_variables
+        keep += [v for _, v in rules.offset_variables(model)]
+    trainable = heads_lib.train_only(model, heads, keep)
     return LoraSummary(
         rank=int(rank),
         lora_alpha=float(rank if lora_alpha is None else lora_alpha),
