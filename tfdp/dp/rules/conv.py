@@ -229,6 +229,13 @@ def conv_kernel_grad(layer, inputs, output_grads):
     )
 
 
+def rows_by_example(t, k):
+    """`t` [B·k, ...] as float32 [B, k, ...]: each example's k rows together."""
+    t = tf.cast(t, tf.float32)
+    shape = tf.shape(t)
+    return tf.reshape(t, tf.concat([[shape[0] // k, k], shape[1:]], 0))
+
+
 def conv_per_example_kernel_grads(layer, inputs, output_grads, k=1):
     """Per-example kernel gradients of a conv, [B, kh·kw·C_in, p], without unfolding.
 
@@ -246,11 +253,6 @@ def conv_per_example_kernel_grads(layer, inputs, output_grads, k=1):
     Returns:
         A float32 tensor [B, kh·kw·C_in, p] in the layout of the reshaped kernel.
     """
-    def by_example(t):
-        t = tf.cast(t, tf.float32)
-        shape = tf.shape(t)
-        return tf.reshape(t, tf.concat([[shape[0] // k, k], shape[1:]], 0))
-
     def one_example(pairs):
         total = None
         for x_i, g_i in pairs:
@@ -258,7 +260,8 @@ def conv_per_example_kernel_grads(layer, inputs, output_grads, k=1):
             total = part if total is None else total + part
         return tf.reshape(total, [-1, layer.kernel.shape[-1]])
 
-    pairs = [(by_example(x), by_example(g)) for x, g in zip(inputs, output_grads)]
+    pairs = [(rows_by_example(x, k), rows_by_example(g, k))
+             for x, g in zip(inputs, output_grads)]
     # parallel_iterations bounds how many examples' work is in flight at once.
     return tf.map_fn(
         one_example, pairs, fn_output_signature=tf.float32, parallel_iterations=4

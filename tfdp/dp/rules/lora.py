@@ -158,11 +158,6 @@ def conv_factor_grads(layer, records, factor_grads, a_shape, k):
         a_shape: A's shape.
         k: int. Rows per example.
     """
-    def by_example(t):
-        t = tf.cast(t, tf.float32)
-        shape = tf.shape(t)
-        return tf.reshape(t, tf.concat([[shape[0] // k, k], shape[1:]], 0))
-
     def one_example(pairs):
         total = None
         for x_i, g_i in pairs:
@@ -174,7 +169,8 @@ def conv_factor_grads(layer, records, factor_grads, a_shape, k):
             total = part if total is None else total + part
         return tf.reshape(total, [-1, a_shape[-1]])
 
-    pairs = [(by_example(r.inputs), by_example(g)) for r, g in zip(records, factor_grads)]
+    pairs = [(conv_rules.rows_by_example(r.inputs, k), conv_rules.rows_by_example(g, k))
+             for r, g in zip(records, factor_grads)]
     # parallel_iterations bounds how many examples' work is in flight at once.
     return tf.map_fn(one_example, pairs, fn_output_signature=tf.float32, parallel_iterations=4)
 
