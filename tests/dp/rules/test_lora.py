@@ -12,6 +12,7 @@ from tests.dp.rules import rule_test_case
 from tfdp import dp
 from tfdp.dp import rules
 from tfdp.dp.rules import conv as conv_rules
+from tfdp.dp.rules import lora as lora_rules
 
 
 def enable(layer, rank=2, lora_alpha=None, seed=0):
@@ -182,18 +183,59 @@ class LoraRuleTest(rule_test_case.RuleTestCase):
     def test_factor_modes_follow_the_layerwise_rule(self):
         keras.utils.set_random_seed(4)
         x = keras.Input((40, 8))
-        long = keras.layers.Dense(8, name="long")  # 2T² ≥ r(D+p): instantiated.
-        h = keras.layers.GlobalAveragePooling1D()(long(x))
+        # 2T² ≥ D·p: the kernel's per-example gradient is instantiated, and
+        # both factors are projected from it.
+        long = keras.layers.Dense(64, name="long")
+        wide_seq = keras.layers.Dense(128, name="wide_seq")  # 2T² < D·p, ≥ factors': inst.
+        h = keras.layers.GlobalAveragePooling1D()(wide_seq(long(x)))
         wide = keras.layers.Dense(64, name="wide")  # T = 1: ghost.
         model = keras.Model(x, keras.layers.Dense(3, name="head")(wide(h)))
         enable(long)
+        enable(wide_seq)
         enable(wide)
         by_name = {l.name: l for l in dp.plan(model, (40, 8), 4, method="mixed").layers}
-        self.assertEqual(by_name["long"].why, "r=2: A inst., B inst.")
+        self.assertEqual(by_name["long"].why,
+                         "r=2: factors projected from the kernel's per-example gradient")
         self.assertEqual(by_name["long"].mode, "instantiate")
+        # Per example: M [8, 64] while projecting; A [8, 2], B [2, 64] and
+        # the bias [64] kept.
+        self.assertEqual(by_name["long"].memory_bytes, 4 * (512 + 16 + 128 + 64) * 4)
+        self.assertEqual(by_name["long"].kept_bytes, 4 * (16 + 128 + 64) * 4)
+        self.assertEqual(by_name["wide_seq"].why, "r=2: A inst., B inst.")
+        # Per example: A [64, 2], B [2, 128] and the bias [128].
+        self.assertEqual(by_name["wide_seq"].memory_bytes, 4 * (128 + 256 + 128) * 4)
         self.assertEqual(by_name["wide"].why, "r=2: A ghost, B ghost")
-        # Per example: A [8, 2], B [2, 8] and the bias [8].
-        self.assertEqual(by_name["long"].memory_bytes, 4 * (16 + 16 + 8) * 4)
+        with mock.patch.object(lora_rules.LoraLayout, "projects", return_value=False):
+            by_name = {l.name: l for l in dp.plan(model, (40, 8), 4, method="mixed").layers}
+        self.assertEqual(by_name["long"].why, "r=2: A inst., B inst.")
+        self.assertEqual(by_name["long"].memory_bytes, 4 * (16 + 128 + 64) * 4)
+
+    def test_projected_factors_and_the_factor_route_agree(self):
+        # Dense on 3-D inputs and a small conv project both factors from the
+        # kernel's per-example gradient under "mixed" and "bk" ("ghost" keeps
+        # ghost norms); the wide conv (2T² < D·p) takes the factor route, with
+        # A as a conv of its own. Both routes equal the naive loop, forced
+        # either way.
+        keras.utils.set_random_seed(6)
+        x = keras.Input((5, 5, 2))
+        small = keras.layers.Conv2D(3, 3, padding="same", activation="tanh", name="small")
+        wide = keras.layers.Conv2D(16, 3, name="wide")  # T = 9, D = 27, p = 16.
+        seq = keras.layers.Dense(4, activation="tanh", name="seq")
+        h = seq(keras.layers.Reshape((9, 16))(wide(small(x))))
+        h = keras.layers.GlobalAveragePooling1D()(h)
+        model = keras.Model(x, keras.layers.Dense(3, name="head")(h))
+        for seed, layer in enumerate([small, wide, seq]):
+            enable(layer, seed=seed)
+        plan = {l.name: l.why for l in dp.plan(model, (5, 5, 2), 6, method="bk").layers}
+        self.assertIn("projected", plan["small"])
+        self.assertIn("projected", plan["seq"])
+        self.assertNotIn("projected", plan["wide"])
+        images = rule_test_case.images(6, 5, channels=2, seed=2)
+        self.assert_rule_matches_naive(model, images, LABELS, "lora",
+                                       sample_weight=rule_test_case.weights(6))
+        with mock.patch.object(lora_rules.LoraLayout, "projects", return_value=False):
+            self.assert_rule_matches_naive(model, images, LABELS, "lora",
+                                           methods=("mixed", "bk"))
 
     def test_other_layers_get_other_rules(self):
         plain = keras.layers.Dense(3)

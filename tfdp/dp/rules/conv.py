@@ -211,20 +211,23 @@ def conv_input_gram(layer, inputs, outputs, k=1):
 MAX_UNFOLDED_PER_EXAMPLE = 2**16
 
 
-def conv_kernel_grad(layer, inputs, output_grads):
+def conv_kernel_grad(layer, inputs, output_grads, kernel_shape=None):
     """The conv's kernel gradient Σ_rows U_rowᵀ G_row, by `Conv2DBackpropFilter`.
 
     Args:
-        layer: keras.layers.Conv2D. The layer (its kernel shape and geometry).
+        layer: keras.layers.Conv2D. The layer (its geometry).
         inputs: tensor [n, H, W, C]. Inputs of the rows to sum.
         output_grads: tensor [n, Ho, Wo, p]. Their output gradients.
+        kernel_shape: list of 4 ints or None. The kernel's shape; defaults to
+            the layer's (a LoRA factor A has the layer's geometry and r filters).
 
     Returns:
         A tensor shaped like the kernel.
     """
     strides, dilations, padding = conv_geometry(layer)
+    filter_sizes = list(layer.kernel.shape if kernel_shape is None else kernel_shape)
     return tf.raw_ops.Conv2DBackpropFilter(
-        input=inputs, filter_sizes=layer.kernel.shape.as_list(), out_backprop=output_grads,
+        input=inputs, filter_sizes=filter_sizes, out_backprop=output_grads,
         strides=strides, padding=padding, dilations=dilations, data_format="NHWC",
     )
 
@@ -236,7 +239,7 @@ def rows_by_example(t, k):
     return tf.reshape(t, tf.concat([[shape[0] // k, k], shape[1:]], 0))
 
 
-def conv_per_example_kernel_grads(layer, inputs, output_grads, k=1):
+def conv_per_example_kernel_grads(layer, inputs, output_grads, k=1, kernel_shape=None):
     """Per-example kernel gradients of a conv, [B, kh·kw·C_in, p], without unfolding.
 
     One `Conv2DBackpropFilter` per example (its k rows as the op's batch, which
@@ -249,16 +252,19 @@ def conv_per_example_kernel_grads(layer, inputs, output_grads, k=1):
         inputs: list of tensors [B·k, H, W, C]. Its recorded inputs, one per call.
         output_grads: list of tensors [B·k, Ho, Wo, p]. The matching output gradients.
         k: int. Rows per example (augmentation multiplicity). Defaults to 1.
+        kernel_shape: list of 4 ints or None. As in `conv_kernel_grad`.
 
     Returns:
         A float32 tensor [B, kh·kw·C_in, p] in the layout of the reshaped kernel.
     """
+    kernel_shape = list(layer.kernel.shape if kernel_shape is None else kernel_shape)
+
     def one_example(pairs):
         total = None
         for x_i, g_i in pairs:
-            part = conv_kernel_grad(layer, x_i, g_i)
+            part = conv_kernel_grad(layer, x_i, g_i, kernel_shape)
             total = part if total is None else total + part
-        return tf.reshape(total, [-1, layer.kernel.shape[-1]])
+        return tf.reshape(total, [-1, kernel_shape[-1]])
 
     pairs = [(rows_by_example(x, k), rows_by_example(g, k))
              for x, g in zip(inputs, output_grads)]
@@ -274,7 +280,20 @@ class ConvFactors(layer_grads.LinearFactors):
     A conv whose norm is not a ghost norm and whose clipped sum goes through
     `Conv2DBackpropFilter` never unfolds its input; a stride-1 ghost norm
     takes U Uᵀ from the pixel Gram where that is cheaper.
+
+    Args:
+        layer, records, output_grads, k: as for `LinearFactors`.
+        kernel_shape: list of 4 ints or None. The shape of the kernel whose
+            gradients these are. Defaults to None (the layer's); a LoRA factor
+            A is a conv of the layer's geometry with r filters.
     """
+
+    def __init__(self, layer, records, output_grads, k=1, kernel_shape=None):
+        super().__init__(layer, records, output_grads, k)
+        self.kernel_shape = list(layer.kernel.shape if kernel_shape is None else kernel_shape)
+
+    def kernel_from_matrix(self, matrix):
+        return tf.reshape(matrix, self.kernel_shape)
 
     def unfold(self, inputs):
         return unfold(self.layer, inputs)
@@ -292,7 +311,8 @@ class ConvFactors(layer_grads.LinearFactors):
         if (self._u is None and tuple(self.layer.kernel_size) != (1, 1)
                 and self._unfolded_size() > MAX_UNFOLDED_PER_EXAMPLE):
             return conv_per_example_kernel_grads(
-                self.layer, [r.inputs for r in self.records], self.output_grads, self.k
+                self.layer, [r.inputs for r in self.records], self.output_grads, self.k,
+                self.kernel_shape,
             )
         return super().per_example_kernel_grads()
 
@@ -342,6 +362,7 @@ class ConvFactors(layer_grads.LinearFactors):
                 tf.math.multiply_no_nan(
                     tf.cast(grad, tf.float32), row_coeffs[:, None, None, None]
                 ),
+                self.kernel_shape,
             )
             summed = part if summed is None else summed + part
         return summed

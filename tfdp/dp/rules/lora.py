@@ -11,8 +11,8 @@ gradient, whose columns end with the kernel's last axis, p = p_o·p_ℓ):
 - A: the layer with kernel A alone has the output gradient G_i^A = s·G_i Bᵀ
   (B applied to the kernel's last axis), so A's per-example gradient is
   U_iᵀ G_i^A, [D, p_o·r];
-- B: with H_i the layer's output through A alone (recorded by the tap, its
-  T·p_o rows of r), B's per-example gradient is s·H_iᵀ G_i, [r, p_ℓ].
+- B: with H_i the layer's output through A alone (computed from the recorded input,
+  its T·p_o rows of r), B's per-example gradient is s·H_iᵀ G_i, [r, p_ℓ].
 
 For Dense (p_o = 1) that is grad_A = s·xᵀ(g Bᵀ) and grad_B = s·(x A)ᵀ g.
 For attention's query projection "abc,cde->abde" (kernel [width, heads, key
@@ -24,12 +24,22 @@ the width the factors are instantiated, a few thousand floats per example.
 Their clipped sums come from the same factors, never from a second
 backward pass.
 
+Where the layer's own per-example gradient M_i = U_iᵀ G_i is small enough
+that full fine-tuning would instantiate it, and costs less work than the
+factor route, both factors come from it instead: dL/dA = s·M Bᵀ and
+dL/dB = s·Aᵀ M (`LoraLayout.projects`). A small layer (the first conv of a
+small convnet) then costs what full fine-tuning's per-example gradient
+costs, plus two products no larger than the factors.
+
 Layers covered, in float compute without quantization: Dense with Keras's
 `call`; EinsumDense whose equation the `einsum_dense` rule takes and whose
 kernel's last axis is an output axis (all of MultiHeadAttention's); and
 channels-last, ungrouped Conv1D, Conv2D and Conv3D with Keras's `call`
-(Conv2D with valid or same padding unfolds its input for A; the others take
-A's per-example gradients from one conv backprop per example). Other
+(for Conv2D with valid or same padding, A is a conv of its own, with the
+layer's geometry and the output gradient s·G Bᵀ, and takes the `conv` rule's
+routes: a pixel-Gram ghost norm, clipped sums by `Conv2DBackpropFilter`; the
+other convs take A's per-example gradients from one conv backprop per
+example). Other
 LoRA-enabled layers, and a LoRA layer whose base kernel was made trainable
 again, get the generic rule.
 """
@@ -146,6 +156,47 @@ class FactorGrad:
         )
 
 
+class ConvFactorGrad:
+    """A conv's factor A as a conv of its own: the layer's geometry, kernel A, output gradient s·G Bᵀ.
+
+    Its per-example gradients take `conv.ConvFactors`' routes, as the layer's
+    own kernel would: a ghost norm from the pixel Gram, the clipped sum by
+    one `Conv2DBackpropFilter`, a backprop per example where the unfolded
+    input would be large. So A unfolds the input only where the layer's own
+    kernel would.
+
+    Args:
+        layer: keras.layers.Conv2D. The LoRA layer.
+        factors: `conv.ConvFactors` of the records, with the output gradients
+            s·G Bᵀ and A's shape.
+        mode: str. `layer_grads.GHOST` or `layer_grads.INSTANTIATE`.
+    """
+
+    def __init__(self, layer, factors, mode):
+        self.layer, self.factors, self.mode = layer, factors, mode
+
+    def sq_norms(self):
+        """[B] squared Frobenius norms."""
+        return self.factors.kernel_sq_norms(self.mode)
+
+    def dot(self, matrix):
+        """[B] ⟨U_iᵀ G_i^A, matrix⟩ = Σ_t ⟨conv(x_i, matrix), G_i^A⟩_t."""
+        kernel = tf.reshape(matrix, self.factors.kernel_shape)
+        outputs = [
+            layer_grads.flatten_bt(self.factors.output_rows(
+                conv_rules.conv(self.layer, tf.cast(r.inputs, tf.float32), kernel)),
+                self.factors.k)
+            for r in self.factors.records
+        ]
+        h = outputs[0] if len(outputs) == 1 else tf.concat(outputs, axis=1)
+        return tf.reduce_sum(h * self.factors.g, [1, 2])
+
+    def clipped_sum(self, coeffs, keep=None):
+        """Σ_i c_i·U_iᵀ G_i^A as a [D, r] matrix."""
+        summed = self.factors.kernel_clipped_sum(coeffs, keep)
+        return tf.reshape(summed, [-1, self.factors.kernel_shape[-1]])
+
+
 def conv_factor_grads(layer, records, factor_grads, a_shape, k):
     """A's per-example gradients of a conv by one conv backprop per example, [B, D, r].
 
@@ -212,6 +263,22 @@ class LoraLayout:
                                              method) == layer_grads.INSTANTIATE
         )
 
+    def projects(self, method, k=1):
+        """Whether both factors come from the kernel's per-example gradient M_i = U_iᵀ G_i.
+
+        Where U is at hand (not `a_by_backprop`), where the layer-wise rule
+        would instantiate M for full fine-tuning and instantiates both
+        factors: M is then no larger than what full fine-tuning keeps, and
+        forming it reads U and G once, as A's own gradient U_iᵀ G_i^A would,
+        while the factor route also runs the input through A for H. The two
+        projections, D·p·r per example each, are small beside either.
+        """
+        if self.family == CONV or self.a_by_backprop(method, k):
+            return False
+        t = k * self.t
+        return (layer_grads.linear_norm_mode(t, self.p, self.d, method) == layer_grads.INSTANTIATE
+                and self.modes(method, k) == (layer_grads.INSTANTIATE, layer_grads.INSTANTIATE))
+
     def modes(self, method, k=1):
         """(A's mode, B's mode): ghost or instantiated, by the layer-wise rule."""
         if self.a_by_backprop(method, k):
@@ -256,8 +323,18 @@ class LoraClip(registry.LayerClip):
         mode_a, mode_b = layout.modes(context.method, k)
         b_matrix = tf.cast(tf.convert_to_tensor(b), tf.float32)
         self.a_grads = self.b_grads = None
+        if layout.projects(context.method, k):
+            self._project(scale, b_matrix)
+            return
         if registry.trains(layer, a):
-            if layout.a_by_backprop(context.method, k):
+            if family == CONV2D:
+                factor_grads = [
+                    scale * tf.tensordot(tf.cast(grad, tf.float32), b_matrix, [[-1], [1]])
+                    for grad in output_grads
+                ]
+                self.a_grads = ConvFactorGrad(layer, conv_rules.ConvFactors(
+                    layer, records, factor_grads, k, kernel_shape=a.shape), mode_a)
+            elif layout.a_by_backprop(context.method, k):
                 factor_grads = [
                     scale * tf.tensordot(tf.cast(grad, tf.float32), b_matrix, [[-1], [1]])
                     for grad in output_grads
@@ -271,9 +348,12 @@ class LoraClip(registry.LayerClip):
                 g_a = tf.reshape(g_a, [shape[0], shape[1], layout.p_other * layout.rank])
                 self.a_grads = FactorGrad(self.factors.u, g_a, mode_a)
         if registry.trains(layer, b):
+            # H, the output through A alone, from the recorded inputs: B's
+            # per-example gradient is H_iᵀ G_i.
             hs = [
                 layer_grads.flatten_bt(
-                    self.factors.output_rows(tf.cast(r.statistics, tf.float32)), k)
+                    self.factors.output_rows(lora_output(layer, tf.cast(r.inputs, tf.float32))),
+                    k)
                 for r in records
             ]
             h = hs[0] if len(hs) == 1 else tf.concat(hs, axis=1)
@@ -283,6 +363,21 @@ class LoraClip(registry.LayerClip):
                 scale * tf.reshape(g, [batch, -1, layout.p_last]),
                 mode_b,
             )
+
+    def _project(self, scale, b_matrix):
+        """Both factors' per-example gradients from M_i = U_iᵀ G_i (`LoraLayout.projects`)."""
+        layout, layer = self.layout, self.layer
+        m = self.factors.per_example_kernel_grads()  # [B, D, p_o·p_ℓ]
+        m = tf.reshape(m, [tf.shape(m)[0], layout.d, layout.p_other, layout.p_last])
+        if registry.trains(layer, layer.lora_kernel_a):
+            grads = scale * tf.einsum("bdol,rl->bdor", m, b_matrix)
+            grads = tf.reshape(grads, [tf.shape(m)[0], layout.d, layout.p_other * layout.rank])
+            self.a_grads = FactorGrad(None, None, layer_grads.INSTANTIATE, grads)
+        if registry.trains(layer, layer.lora_kernel_b):
+            a = self._a_matrix(tf.cast(tf.convert_to_tensor(layer.lora_kernel_a), tf.float32))
+            a = tf.reshape(a, [layout.d, layout.p_other, layout.rank])
+            grads = scale * tf.einsum("bdol,dor->brl", m, a)
+            self.b_grads = FactorGrad(None, None, layer_grads.INSTANTIATE, grads)
 
     def _a_matrix(self, a):
         """A as the [D, p_o·r] matrix of U_iᵀ G_i^A."""
@@ -371,12 +466,8 @@ class LoraRule(registry.Rule):
             if layer.bias is not None:
                 pre = pre + layer.bias
             if recorder.mode == "record":
-                statistics = None
-                if registry.trains(layer, layer.lora_kernel_b):
-                    # H, the output through A alone: B's per-example gradient is H_iᵀ G_i.
-                    statistics = tf.stop_gradient(lora_output(layer, x))
                 # The pre-activation output is recorded: its gradient is G.
-                pre = recorder.record(layer_taps.TapRecord(layer, x, pre, None, statistics))
+                pre = recorder.record(layer_taps.TapRecord(layer, x, pre))
             return layer.activation(pre) if layer.activation is not None else pre
 
         return call
@@ -401,6 +492,7 @@ class LoraRule(registry.Rule):
         if registry.trains(layer, b):
             pieces.append((t * layout.p_other, r, layout.p_last, mode_b))
         work = kept = 0
+        projects = tapped and layout.projects(method)
         for positions, rows, columns, mode in pieces:
             if mode == layer_grads.GHOST and positions > 1:
                 work += 2 * positions * positions
@@ -408,6 +500,9 @@ class LoraRule(registry.Rule):
             else:
                 work += rows * columns
                 kept += rows * columns
+        if projects:
+            # M_i, D·p per example, lives until both factors are projected.
+            work += d * p
         bias = getattr(layer, "bias", None)
         if bias is not None and registry.trains(layer, bias):
             size = math.prod(int(n) for n in bias.shape)
@@ -419,6 +514,8 @@ class LoraRule(registry.Rule):
         why = f"r={r}: " + ", ".join(
             f"{name} {names[m]}" for name, (*_, m) in zip(
                 [n for n, v in (("A", a), ("B", b)) if registry.trains(layer, v)], pieces))
+        if projects:
+            why = f"r={r}: factors projected from the kernel's per-example gradient"
         return registry.Cost(
             t, p, d, mode, batch_size * work * registry.BYTES,
             batch_size * kept * registry.BYTES, why=why,
