@@ -183,10 +183,12 @@ class LoraRuleTest(rule_test_case.RuleTestCase):
     def test_factor_modes_follow_the_layerwise_rule(self):
         keras.utils.set_random_seed(4)
         x = keras.Input((40, 8))
-        # 2T² ≥ D·p: the kernel's per-example gradient is instantiated, and
-        # both factors are projected from it.
-        long = keras.layers.Dense(64, name="long")
-        wide_seq = keras.layers.Dense(128, name="wide_seq")  # 2T² < D·p, ≥ factors': inst.
+        # 2T² ≥ D·p, and forming the kernel's per-example gradient costs less
+        # than the factor route (D·p < 2r(D + p)): both factors are projected
+        # from it.
+        long = keras.layers.Dense(6, name="long")
+        # 2T² ≥ D·p too, but D·p > 2r(D + p): the factor route, instantiated.
+        wide_seq = keras.layers.Dense(128, name="wide_seq")
         h = keras.layers.GlobalAveragePooling1D()(wide_seq(long(x)))
         wide = keras.layers.Dense(64, name="wide")  # T = 1: ghost.
         model = keras.Model(x, keras.layers.Dense(3, name="head")(wide(h)))
@@ -197,18 +199,18 @@ class LoraRuleTest(rule_test_case.RuleTestCase):
         self.assertEqual(by_name["long"].why,
                          "r=2: factors projected from the kernel's per-example gradient")
         self.assertEqual(by_name["long"].mode, "instantiate")
-        # Per example: M [8, 64] while projecting; A [8, 2], B [2, 64] and
-        # the bias [64] kept.
-        self.assertEqual(by_name["long"].memory_bytes, 4 * (512 + 16 + 128 + 64) * 4)
-        self.assertEqual(by_name["long"].kept_bytes, 4 * (16 + 128 + 64) * 4)
+        # Per example: M [8, 6] while projecting; A [8, 2], B [2, 6] and the
+        # bias [6] kept.
+        self.assertEqual(by_name["long"].memory_bytes, 4 * (48 + 16 + 12 + 6) * 4)
+        self.assertEqual(by_name["long"].kept_bytes, 4 * (16 + 12 + 6) * 4)
         self.assertEqual(by_name["wide_seq"].why, "r=2: A inst., B inst.")
-        # Per example: A [64, 2], B [2, 128] and the bias [128].
-        self.assertEqual(by_name["wide_seq"].memory_bytes, 4 * (128 + 256 + 128) * 4)
+        # Per example: A [6, 2], B [2, 128] and the bias [128].
+        self.assertEqual(by_name["wide_seq"].memory_bytes, 4 * (12 + 256 + 128) * 4)
         self.assertEqual(by_name["wide"].why, "r=2: A ghost, B ghost")
         with mock.patch.object(lora_rules.LoraLayout, "projects", return_value=False):
             by_name = {l.name: l for l in dp.plan(model, (40, 8), 4, method="mixed").layers}
         self.assertEqual(by_name["long"].why, "r=2: A inst., B inst.")
-        self.assertEqual(by_name["long"].memory_bytes, 4 * (16 + 128 + 64) * 4)
+        self.assertEqual(by_name["long"].memory_bytes, 4 * (16 + 12 + 6) * 4)
 
     def test_projected_factors_and_the_factor_route_agree(self):
         # Dense on 3-D inputs and a small conv project both factors from the
@@ -220,7 +222,7 @@ class LoraRuleTest(rule_test_case.RuleTestCase):
         x = keras.Input((5, 5, 2))
         small = keras.layers.Conv2D(3, 3, padding="same", activation="tanh", name="small")
         wide = keras.layers.Conv2D(16, 3, name="wide")  # T = 9, D = 27, p = 16.
-        seq = keras.layers.Dense(4, activation="tanh", name="seq")
+        seq = keras.layers.Dense(3, activation="tanh", name="seq")
         h = seq(keras.layers.Reshape((9, 16))(wide(small(x))))
         h = keras.layers.GlobalAveragePooling1D()(h)
         model = keras.Model(x, keras.layers.Dense(3, name="head")(h))

@@ -25,8 +25,8 @@ Their clipped sums come from the same factors, never from a second
 backward pass.
 
 Where the layer's own per-example gradient M_i = U_iᵀ G_i is small enough
-that full fine-tuning would instantiate it, and costs less work than the
-factor route, both factors come from it instead: dL/dA = s·M Bᵀ and
+that full fine-tuning would instantiate it, and forming it costs less work
+than the factor route, both factors come from it instead: dL/dA = s·M Bᵀ and
 dL/dB = s·Aᵀ M (`LoraLayout.projects`). A small layer (the first conv of a
 small convnet) then costs what full fine-tuning's per-example gradient
 costs, plus two products no larger than the factors.
@@ -266,18 +266,24 @@ class LoraLayout:
     def projects(self, method, k=1):
         """Whether both factors come from the kernel's per-example gradient M_i = U_iᵀ G_i.
 
-        Where U is at hand (not `a_by_backprop`), where the layer-wise rule
-        would instantiate M for full fine-tuning and instantiates both
-        factors: M is then no larger than what full fine-tuning keeps, and
-        forming it reads U and G once, as A's own gradient U_iᵀ G_i^A would,
-        while the factor route also runs the input through A for H. The two
-        projections, D·p·r per example each, are small beside either.
+        Only where U is at hand (not `a_by_backprop`), where the layer-wise
+        rule would instantiate M for full fine-tuning and instantiates both
+        factors (so M is no larger than what full fine-tuning would keep),
+        and where forming M and projecting it, T·D·p + 2·D·p·r per example,
+        is less work than the factor route's G Bᵀ, U_iᵀ G_i^A, H = U A and
+        H_iᵀ G_i, 2·T·p_o·r·(p_ℓ + D). So the small convnet's first conv at
+        r = 8 projects, attention's projections (p_o = heads) do not.
         """
         if self.family == CONV or self.a_by_backprop(method, k):
             return False
         t = k * self.t
-        return (layer_grads.linear_norm_mode(t, self.p, self.d, method) == layer_grads.INSTANTIATE
-                and self.modes(method, k) == (layer_grads.INSTANTIATE, layer_grads.INSTANTIATE))
+        if layer_grads.linear_norm_mode(t, self.p, self.d, method) != layer_grads.INSTANTIATE:
+            return False
+        if self.modes(method, k) != (layer_grads.INSTANTIATE, layer_grads.INSTANTIATE):
+            return False
+        projection = t * self.d * self.p + 2 * self.d * self.p * self.rank
+        factors = 2 * t * self.p_other * self.rank * (self.p_last + self.d)
+        return projection <= factors
 
     def modes(self, method, k=1):
         """(A's mode, B's mode): ghost or instantiated, by the layer-wise rule."""
