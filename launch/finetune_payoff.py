@@ -173,7 +173,8 @@ def _run(args, data, pretrained, mode, epsilon, seed):
     ledger_epsilon = private.epsilon()
     result = dict(model=args.model, mode=mode, epsilon=epsilon, ledger_epsilon=ledger_epsilon,
                   seed=seed, sigma=sigma, steps=steps, clipping=args.clipping,
-                  l2_norm_clip=args.l2_norm_clip, accuracy=float(accuracy),
+                  l2_norm_clip=args.l2_norm_clip, learning_rate=args.learning_rate,
+                  accuracy=float(accuracy),
                   step_time_s=float(np.median(timed)), peak_tensor_mb=float(peak_mb),
                   trainable_params=trainable)
     if mode == "cached":

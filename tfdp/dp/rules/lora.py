@@ -271,8 +271,8 @@ class LoraLayout:
         factors (so M is no larger than what full fine-tuning would keep),
         and where forming M and projecting it, T·D·p + 2·D·p·r per example,
         is less work than the factor route's G Bᵀ, U_iᵀ G_i^A, H = U A and
-        H_iᵀ G_i, 2·T·p_o·r·(p_ℓ + D). So the small convnet's first conv at
-        r = 8 projects, attention's projections (p_o = heads) do not.
+        H_iᵀ G_i, 2·T·p_o·r·(p_ℓ + D). At r = 8 the small convnet's first
+        conv projects (D·p = 1,024), its second conv does not (2T² < D·p).
         """
         if self.family == CONV or self.a_by_backprop(method, k):
             return False
