@@ -147,24 +147,36 @@ class AutomaticClippingRoutesTest(tf.test.TestCase):
             training.PrivacyConfig(private=False, clipping="automatic")
 
     def test_the_trainers_step_releases_the_normalised_sum(self):
+        # With DP-SGD's noise and with banded noise (bands = 2): the noise
+        # scheme adds to the normalised sum and does not bypass it.
         x, y = digits(8)
         x, y = tf.constant(x), tf.constant(y)
         clip, gamma, lr = 0.2, 0.05, 0.5
-        keras.utils.set_random_seed(6)
-        model = tiny_model()
-        grads = _per_example_grads(model, dp_test_case.per_example_xent, x, y)
-        expected = [lr * s / 8 for s in _reference(grads, clip, gamma)[0]]
-        mechanism = tfdp.DPSGD.from_config(
-            tfdp.DPSGDConfig(clip, 0.0, clipping="automatic", clipping_gamma=gamma),
-            expected_batch_size=8.0, secret_key=secret_key.SecretKey.generate())
-        step = dp.PrivateTrainStep(model, keras.optimizers.SGD(lr),
-                                   dp_test_case.per_example_xent, mechanism=mechanism,
-                                   method="bk")
-        before = [v.numpy() for v in model.trainable_variables]
-        step.accumulate(x, y, tf.ones([8]))
-        step.apply()
-        for b, v, e in zip(before, model.trainable_variables, expected):
-            self.assertAllClose(b - v.numpy(), e, rtol=1e-4, atol=1e-6)
+        for bands in (1, 2):
+            keras.utils.set_random_seed(6)
+            model = tiny_model()
+            grads = _per_example_grads(model, dp_test_case.per_example_xent, x, y)
+            expected = [lr * s / 8 for s in _reference(grads, clip, gamma)[0]]
+            mechanism = tfdp.DPSGD.from_config(
+                tfdp.DPSGDConfig(clip, 0.0, clipping="automatic", clipping_gamma=gamma,
+                                 bands=bands),
+                expected_batch_size=8.0, secret_key=secret_key.SecretKey.generate())
+            step = dp.PrivateTrainStep(model, keras.optimizers.SGD(lr),
+                                       dp_test_case.per_example_xent, mechanism=mechanism,
+                                       method="bk")
+            before = [v.numpy() for v in model.trainable_variables]
+            step.accumulate(x, y, tf.ones([8]))
+            step.apply()
+            for b, v, e in zip(before, model.trainable_variables, expected):
+                self.assertAllClose(b - v.numpy(), e, rtol=1e-4, atol=1e-6, msg=f"bands={bands}")
+
+    def test_banded_noise_keeps_its_epsilon(self):
+        sampler = tfdp.samplers.make_sampler("banded_poisson", dataset_size=1000,
+                                             logical_batch_size=50, bands=2)
+        automatic, standard = (tfdp.DPSGD.from_config(
+            tfdp.DPSGDConfig(1.0, 1.1, bands=2, **kwargs), sampler=sampler)
+            for kwargs in (dict(clipping="automatic"), {}))
+        self.assertEqual(automatic.epsilon(100), standard.epsilon(100))
 
     def test_keras_fit_releases_the_normalised_sum(self):
         # At σ = 0 and plain SGD, one logical step moves the weights by
