@@ -105,6 +105,7 @@ class BandedTrainerTest(tf.test.TestCase):
         self.assertEqual(coefficients[3:], [0.0, 0.0, 0.0])
         self.assertGreater(coefficients[0], 0)
 
+    @pytest.mark.slow  # Keras fit's one-band test (tests/keras/test_banded_fit.py) is fast.
     def test_one_band_through_the_new_settings_is_dp_sgd_bit_for_bit(self):
         dp_sgd_dir, dp_sgd = self._train()
         one_dir, one = self._train("PrivacyConfig.bands = 1",

@@ -208,6 +208,7 @@ class SensitivityTest(dp_test_case.DPTestCase):
         x, y = _floats((6, 8)), tf.constant([0, 1, 2, 0, 1, 2])
         self.check_methods(model, x, y, compare_in_inference=True)
 
+    @pytest.mark.slow  # tests/test_distribute.py checks bf16 clipping norms fast.
     def test_mixed_bfloat16_convnet(self):
         model = bf16_convnet()
         x, y = _floats((6, 8, 8, 3)), tf.constant([0, 1, 2, 0, 1, 2])

@@ -45,6 +45,10 @@ class ApplicationsTest(BoundedTestCase):
         # 16 groups where the channels allow (Bu et al. 2022), gcd otherwise.
         self.assertEqual({n.groups for n in norms}, {8, 16})
         self.assertOutputShape(model, (2, 10))
+
+    @pytest.mark.slow
+    def test_group_norm_backbone_is_bounded_with_no_generic_layer(self):
+        model = self.group_norm
         self.assert_bounded(model)
         plan = dp.plan(model, _SHAPE, 2, method="bk")
         self.assertEqual({layer.name for layer in plan.layers if layer.kind == "generic"}, set())
