@@ -260,7 +260,14 @@ def main(argv):
     except KeyboardInterrupt:
         print(f"\ninterrupted: rerun the same command to resume from the last checkpoint "
               f"in {os.path.join(workdir or 'workdir', 'checkpoints')}", file=sys.stderr)
-        sys.exit(130)
+        # The run's files are closed by now (the interrupt unwound their
+        # blocks). Exit without the interpreter's finalisation: TensorFlow's
+        # threads still running (the input pipeline, a step in flight) can
+        # abort the process as they are torn down, which turns Ctrl-C early
+        # in a run into SIGABRT and a crash dump.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
     except workers.LostWorkerError as e:
         _exit_with_error(e, code=workers.LOST_WORKER_EXIT_CODE)
     except (ValueError, FloatingPointError, MemoryError) as e:
