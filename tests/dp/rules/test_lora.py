@@ -236,8 +236,11 @@ class LoraRuleTest(rule_test_case.RuleTestCase):
         self.assert_rule_matches_naive(model, images, LABELS, "lora",
                                        sample_weight=rule_test_case.weights(6))
         with mock.patch.object(lora_rules.LoraLayout, "projects", return_value=False):
-            self.assert_rule_matches_naive(model, images, LABELS, "lora",
-                                           methods=("mixed", "bk"))
+            # With in-loss weight decay on the factors: its cross term ⟨g_i, A⟩.
+            self.assert_rule_matches_naive(
+                model, images, LABELS, "lora", methods=("mixed", "bk"), weight_decay=0.05,
+                weight_decay_variables=[v for v in model.trainable_variables
+                                        if "lora_kernel" in v.path])
 
     def test_other_layers_get_other_rules(self):
         plain = keras.layers.Dense(3)

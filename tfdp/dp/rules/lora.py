@@ -107,6 +107,19 @@ def lora_output(layer, inputs):
     return conv_rules.conv(layer, inputs, a)
 
 
+def rows_through(factors, op):
+    """Each recorded call's input through `op` (a linear op), as rows like G, [B, rows, width].
+
+    Args:
+        factors: `layer_grads.LinearFactors` (its records, row layout and k).
+        op: callable. Maps a call's float32 input to that op's output.
+    """
+    rows = [layer_grads.flatten_bt(factors.output_rows(op(tf.cast(r.inputs, tf.float32))),
+                                   factors.k)
+            for r in factors.records]
+    return rows[0] if len(rows) == 1 else tf.concat(rows, axis=1)
+
+
 class FactorGrad:
     """One LoRA factor's per-example gradients U_iᵀ G_i, as matrices [D, p].
 
@@ -182,13 +195,7 @@ class ConvFactorGrad:
     def dot(self, matrix):
         """[B] ⟨U_iᵀ G_i^A, matrix⟩ = Σ_t ⟨conv(x_i, matrix), G_i^A⟩_t."""
         kernel = tf.reshape(matrix, self.factors.kernel_shape)
-        outputs = [
-            layer_grads.flatten_bt(self.factors.output_rows(
-                conv_rules.conv(self.layer, tf.cast(r.inputs, tf.float32), kernel)),
-                self.factors.k)
-            for r in self.factors.records
-        ]
-        h = outputs[0] if len(outputs) == 1 else tf.concat(outputs, axis=1)
+        h = rows_through(self.factors, lambda x: conv_rules.conv(self.layer, x, kernel))
         return tf.reduce_sum(h * self.factors.g, [1, 2])
 
     def clipped_sum(self, coeffs, keep=None):
@@ -333,20 +340,18 @@ class LoraClip(registry.LayerClip):
             self._project(scale, b_matrix)
             return
         if registry.trains(layer, a):
-            if family == CONV2D:
+            if family in (CONV2D, CONV):
+                # A's own output gradient, s·G Bᵀ, per call.
                 factor_grads = [
                     scale * tf.tensordot(tf.cast(grad, tf.float32), b_matrix, [[-1], [1]])
                     for grad in output_grads
                 ]
-                self.a_grads = ConvFactorGrad(layer, conv_rules.ConvFactors(
-                    layer, records, factor_grads, k, kernel_shape=a.shape), mode_a)
-            elif layout.a_by_backprop(context.method, k):
-                factor_grads = [
-                    scale * tf.tensordot(tf.cast(grad, tf.float32), b_matrix, [[-1], [1]])
-                    for grad in output_grads
-                ]
-                per_example = conv_factor_grads(layer, records, factor_grads, a.shape, k)
-                self.a_grads = FactorGrad(None, None, mode_a, per_example)
+                if family == CONV2D:
+                    self.a_grads = ConvFactorGrad(layer, conv_rules.ConvFactors(
+                        layer, records, factor_grads, k, kernel_shape=a.shape), mode_a)
+                else:
+                    per_example = conv_factor_grads(layer, records, factor_grads, a.shape, k)
+                    self.a_grads = FactorGrad(None, None, mode_a, per_example)
             else:
                 shape = tf.shape(g)
                 rows = tf.reshape(g, [shape[0], shape[1], layout.p_other, layout.p_last])
@@ -356,13 +361,7 @@ class LoraClip(registry.LayerClip):
         if registry.trains(layer, b):
             # H, the output through A alone, from the recorded inputs: B's
             # per-example gradient is H_iᵀ G_i.
-            hs = [
-                layer_grads.flatten_bt(
-                    self.factors.output_rows(lora_output(layer, tf.cast(r.inputs, tf.float32))),
-                    k)
-                for r in records
-            ]
-            h = hs[0] if len(hs) == 1 else tf.concat(hs, axis=1)
+            h = rows_through(self.factors, lambda x: lora_output(layer, x))
             batch = tf.shape(g)[0]
             self.b_grads = FactorGrad(
                 tf.reshape(h, [batch, -1, layout.rank]),
